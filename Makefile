@@ -1,0 +1,35 @@
+# Two commands set everything up on a fresh machine with Python 3.11:
+#   make train   creates .venv (pinned CPU stack) when missing, then trains on the embedded default
+#   make test    same set-up, then runs the test suite (what .ci/run calls)
+# Extra arguments: make train ARGS="model=dlrm_v2 trainer.max_steps=100"   make test PYTEST_ARGS="-k tsv"
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# Extra pip arguments for torch alone, e.g. a CPU wheel index where the default would fetch a CUDA build.
+TORCH_PIP_ARGS ?=
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: train test venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(PIP) install -q fbgemm-gpu-cpu==1.8.0
+	$(PIP) install -q --no-deps torchrec==1.8.0
+	$(PIP) install -q -r requirements.txt
+	$(PY) -c "import torch, torchrec, fbgemm_gpu, hydra; print('stack: torch', torch.__version__, '| torchrec', torchrec.__version__)"
+	@touch $@
+
+train: venv
+	$(PY) train.py $(ARGS)
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

@@ -1,0 +1,52 @@
+"""Validate raw Criteo TSV files and print what a training run will see.
+
+    python data/check_tsv.py ../shared/data/criteo/kaggle_train_head10k.tsv [more.tsv ...]
+
+For each file: rows, click rate, and the share of missing values per integer and categorical column. A
+malformed line stops the check with the file and line number (the same parser the trainer uses), so a file that
+passes here loads in ``data=criteo_tsv``.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dlrm.data.criteo_tsv import NUM_CAT, NUM_INT, TsvFormatError, read_tsv  # noqa: E402
+
+
+def missing_shares(path: str) -> np.ndarray:
+    """Share of empty fields per column I1..I13, C1..C26 (float64 ``[39]``)."""
+    counts = np.zeros(NUM_INT + NUM_CAT)
+    n = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            fields = line.rstrip("\r\n").split("\t")
+            if len(fields) < 2:
+                continue
+            counts += np.array([v == "" for v in fields[1:]], dtype=np.float64)
+            n += 1
+    return counts / max(n, 1)
+
+
+def main(argv: list) -> int:
+    if not argv:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    for path in argv:
+        try:
+            rows = read_tsv(path, config_key="argument")
+        except (TsvFormatError, FileNotFoundError) as e:
+            print(f"FAIL {e}", file=sys.stderr)
+            return 1
+        miss = missing_shares(path)
+        print(f"{path}: {len(rows):,} rows, click rate {rows.labels.mean():.4f}")
+        print("  missing I1..I13: " + " ".join(f"{m:.2f}" for m in miss[:NUM_INT]))
+        print("  missing C1..C26: " + " ".join(f"{m:.2f}" for m in miss[NUM_INT:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

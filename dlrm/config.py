@@ -1,0 +1,332 @@
+"""Typed configuration schemas for the trainer.
+
+Hydra composes ``conf/config.yaml`` over the structured schema registered here as ``base_config``, so every
+YAML file in ``conf/`` is type-checked (an unknown key or a wrong type fails at compose time, naming the key).
+:func:`to_config` then turns the composed ``DictConfig`` into these dataclasses, whose ``__post_init__``
+validates values and names the config key and the fix in its error.
+
+Compose and validate without training::
+
+    python train.py --cfg job            # print the composed config
+    python -c "from dlrm.config import compose; print(compose(['model=dlrm_v2']))"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+# MLPerf Training DLRM-v2 (recommendation_v2/torchrec_dlrm README): per-feature cardinalities of the 26 tables.
+MLPERF_NUM_EMBEDDINGS: List[int] = [
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938, 155, 4,
+    976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+]
+# MLPerf Training DLRM-v2: ids per sample per feature (214 in all) of the synthetic multi-hot dataset.
+MLPERF_MULTI_HOT_SIZES: List[int] = [
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+]
+NUM_DENSE_FEATURES = 13  # Criteo: I1..I13
+NUM_SPARSE_FEATURES = 26  # Criteo: C1..C26
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the key and the fix."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key `{key}`: {msg}")
+
+
+@dataclass
+class ModelConfig:
+    """The network. ``interaction=dcn`` is DLRM-v2 (torchrec ``DLRM_DCN``); ``dot`` is the original DLRM.
+
+    Fields:
+        name: label of the preset (``dlrm_v2``, ``dlrm_v2_small``, ``dlrm``); informational.
+        interaction: ``dcn`` (DCNv2 low-rank cross layers) or ``dot`` (pairwise dot products).
+        embedding_dim: width of every table (MLPerf: 128). Must be a multiple of 4 for FBGEMM fused kernels.
+        num_embeddings_per_feature: rows per table, one per sparse feature C1..C26 (MLPerf cardinalities).
+        row_cap: optional upper bound on rows per table (``min(rows, row_cap)``), e.g. to fit a laptop.
+        multi_hot_sizes: ids per sample per feature after multi-hot expansion (MLPerf: 214 in all).
+        dense_arch_layer_sizes: bottom MLP; its last size must equal ``embedding_dim``.
+        over_arch_layer_sizes: top MLP; its last size must be 1 (one logit).
+        dcn_num_layers / dcn_low_rank_dim: DCNv2 cross layers and their low rank (MLPerf: 3 and 512).
+    """
+
+    name: str = "dlrm_v2_small"
+    interaction: str = "dcn"
+    embedding_dim: int = 16
+    num_embeddings_per_feature: List[int] = field(default_factory=lambda: list(MLPERF_NUM_EMBEDDINGS))
+    row_cap: Optional[int] = 2000
+    multi_hot_sizes: List[int] = field(default_factory=lambda: list(MLPERF_MULTI_HOT_SIZES))
+    dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 16])
+    over_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 1])
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 32
+
+    def __post_init__(self) -> None:
+        _check(self.interaction in ("dcn", "dot"), "model.interaction", f"got {self.interaction!r}; use dcn or dot")
+        _check(self.embedding_dim > 0, "model.embedding_dim", "must be positive")
+        n = len(self.num_embeddings_per_feature)
+        _check(n == NUM_SPARSE_FEATURES, "model.num_embeddings_per_feature",
+               f"has {n} entries; Criteo has {NUM_SPARSE_FEATURES} sparse features C1..C26, give one per feature")
+        _check(all(r > 0 for r in self.num_embeddings_per_feature), "model.num_embeddings_per_feature",
+               "every table needs at least one row")
+        _check(len(self.multi_hot_sizes) == n, "model.multi_hot_sizes",
+               f"has {len(self.multi_hot_sizes)} entries; give one per table ({n})")
+        _check(all(m >= 1 for m in self.multi_hot_sizes), "model.multi_hot_sizes", "every size must be >= 1")
+        _check(self.row_cap is None or self.row_cap > 0, "model.row_cap", "must be positive or null")
+        _check(len(self.dense_arch_layer_sizes) > 0 and self.dense_arch_layer_sizes[-1] == self.embedding_dim,
+               "model.dense_arch_layer_sizes",
+               f"the last size ({self.dense_arch_layer_sizes[-1:]}) must equal model.embedding_dim "
+               f"({self.embedding_dim}) so dense and sparse outputs interact")
+        _check(len(self.over_arch_layer_sizes) > 0 and self.over_arch_layer_sizes[-1] == 1,
+               "model.over_arch_layer_sizes", "the last size must be 1 (one click logit)")
+        if self.interaction == "dcn":
+            _check(self.dcn_num_layers > 0, "model.dcn_num_layers", "must be positive")
+            _check(self.dcn_low_rank_dim > 0, "model.dcn_low_rank_dim", "must be positive")
+
+    @property
+    def table_rows(self) -> List[int]:
+        """Rows per table after ``row_cap``."""
+        cap = self.row_cap
+        return [min(r, cap) if cap else r for r in self.num_embeddings_per_feature]
+
+
+@dataclass
+class DataConfig:
+    """Where samples come from and how they are batched.
+
+    Fields:
+        name: ``synthetic`` (teacher-labelled MLPerf-shaped data, generated in memory) or ``criteo_tsv``.
+        batch_size: samples per rank per step (global batch = batch_size x world size).
+        global_batch_size: if set, overrides ``batch_size`` with ``global_batch_size / world size`` per rank, so
+            the same command does the same math on any world size (must divide evenly).
+        multi_hot: expand each 1-hot id into its table's ``model.multi_hot_sizes`` ids the MLPerf way;
+            false keeps one id per feature.
+        multi_hot_seed: numpy legacy seed of the expansion tables (MLPerf reference: 0).
+        train_path / val_path: Criteo TSV files (``label, I1..I13, C1..C26``); required for ``criteo_tsv``.
+        val_fraction: without ``val_path``, the last fraction of the training rows validates.
+        max_rows: read at most this many rows of ``train_path`` (null: all).
+        num_train_samples / num_val_samples: sizes of the synthetic splits.
+        teacher_seed: seed of the hidden teacher model that labels synthetic samples.
+        teacher_dim: width of the teacher's latent factors.
+        shuffle: reshuffle training rows each epoch (MLPerf: no shuffling).
+    """
+
+    name: str = "synthetic"
+    batch_size: int = 256
+    global_batch_size: Optional[int] = None
+    multi_hot: bool = True
+    multi_hot_seed: int = 0
+    train_path: Optional[str] = None
+    val_path: Optional[str] = None
+    val_fraction: float = 0.2
+    max_rows: Optional[int] = None
+    num_train_samples: int = 131072
+    num_val_samples: int = 16384
+    teacher_seed: int = 1234
+    teacher_dim: int = 8
+    shuffle: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.name in ("synthetic", "criteo_tsv"), "data.name",
+               f"got {self.name!r}; choose data=synthetic or data=criteo_tsv")
+        _check(self.batch_size > 0, "data.batch_size", "must be positive")
+        _check(self.global_batch_size is None or self.global_batch_size > 0, "data.global_batch_size",
+               "must be positive or null")
+        _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", "must be in (0, 1)")
+        if self.name == "criteo_tsv":
+            _check(bool(self.train_path), "data.train_path",
+                   "data=criteo_tsv needs a training TSV: pass data.train_path=<file.tsv>")
+        if self.name == "synthetic":
+            _check(self.num_train_samples > 0, "data.num_train_samples", "must be positive")
+            _check(self.num_val_samples > 0, "data.num_val_samples", "must be positive")
+        _check(self.max_rows is None or self.max_rows > 0, "data.max_rows", "must be positive or null")
+
+
+@dataclass
+class OptimizerConfig:
+    """Adagrad for both sides, as MLPerf's compliance rules fix it (lr_decay 0, weight_decay 0, eps 1e-8).
+
+    Fields:
+        lr: learning rate of the dense (MLP) parameters.
+        sparse_lr: learning rate of the embedding tables (null: same as ``lr``).
+        eps: Adagrad epsilon for both (MLPerf Training rules: 1e-8; PyTorch's default 1e-10 is not used).
+        sparse_type: ``adagrad`` (element-wise, FBGEMM EXACT_ADAGRAD, the MLPerf rule) or ``rowwise_adagrad``
+            (one accumulator per row, EXACT_ROWWISE_ADAGRAD, 1/dim of the optimizer memory).
+
+    Both Adagrads start their accumulators at 0 (MLPerf rule; FBGEMM's TBE has no other option).
+    """
+
+    lr: float = 0.02
+    sparse_lr: Optional[float] = None
+    eps: float = 1e-8
+    sparse_type: str = "adagrad"
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optimizer.lr", "must be positive")
+        _check(self.sparse_lr is None or self.sparse_lr > 0, "optimizer.sparse_lr", "must be positive or null")
+        _check(self.eps > 0, "optimizer.eps", "must be positive")
+        _check(self.sparse_type in ("adagrad", "rowwise_adagrad"), "optimizer.sparse_type",
+               f"got {self.sparse_type!r}; use adagrad or rowwise_adagrad")
+
+    @property
+    def embedding_lr(self) -> float:
+        return self.sparse_lr if self.sparse_lr is not None else self.lr
+
+
+@dataclass
+class ShardingConfig:
+    """How the TorchRec planner places embedding tables.
+
+    Fields:
+        name: ``auto`` lets the planner choose among every sharding type the backend supports.
+        storage_reservation: fraction of device memory the planner keeps free for activations (TorchRec
+            ``HeuristicalStorageReservation``; the MLPerf reference uses 0.05).
+        hbm_cap_gb: device memory per rank the planner may use, in GiB (null: the device's real capacity on
+            CUDA; 0 on CPU, where tables live in host memory).
+    """
+
+    name: str = "auto"
+    storage_reservation: float = 0.05
+    hbm_cap_gb: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _check(self.name == "auto", "sharding.name", f"got {self.name!r}; only sharding=auto ships so far")
+        _check(0.0 <= self.storage_reservation < 1.0, "sharding.storage_reservation", "must be in [0, 1)")
+
+
+@dataclass
+class PipelineConfig:
+    """The training loop driver. ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist``, which overlaps the
+    next batch's host-to-device copy and KJT input dist with this batch's forward/backward."""
+
+    name: str = "sparse_dist"
+
+    def __post_init__(self) -> None:
+        _check(self.name in ("sparse_dist", "base"), "pipeline.name",
+               f"got {self.name!r}; use sparse_dist or base (plain loop, no overlap, for debugging)")
+
+
+@dataclass
+class LoggerConfig:
+    """Output sinks. ``metrics.jsonl`` and ``config.yaml`` are always written to the run directory by rank 0.
+
+    Fields:
+        log_every_n_steps: one stdout line and one JSONL record per this many steps (and the last step).
+        stdout: print step lines to stdout.
+    """
+
+    log_every_n_steps: int = 20
+    stdout: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.log_every_n_steps > 0, "logger.log_every_n_steps", "must be positive")
+
+
+@dataclass
+class TrainerConfig:
+    """Fields:
+        epochs: passes over the training split.
+        max_steps: stop after this many optimizer steps (null: run all epochs).
+    """
+
+    epochs: int = 1
+    max_steps: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(self.epochs > 0, "trainer.epochs", "must be positive")
+        _check(self.max_steps is None or self.max_steps > 0, "trainer.max_steps", "must be positive or null")
+
+
+@dataclass
+class EvalConfig:
+    """Fields:
+        every_n_steps: validate every this many steps (null: only at the end).
+        at_end: validate after the last step.
+        batch_size: per-rank validation batch (null: ``data.batch_size``).
+    """
+
+    every_n_steps: Optional[int] = None
+    at_end: bool = True
+    batch_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(self.every_n_steps is None or self.every_n_steps > 0, "eval.every_n_steps",
+               "must be positive or null")
+        _check(self.batch_size is None or self.batch_size > 0, "eval.batch_size", "must be positive or null")
+
+
+@dataclass
+class Config:
+    """The whole run. ``device``: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(self.device in ("auto", "cpu", "cuda"), "device", f"got {self.device!r}; use auto, cpu or cuda")
+
+
+def register_configs() -> None:
+    """Register the schema as ``base_config`` so ``conf/config.yaml`` composes on top of it."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def _reject_unknown_keys(node: Any, schema: Any, prefix: str) -> None:
+    """Hydra's ``+key=value`` can add keys that no schema field takes; refuse them rather than drop them."""
+    names = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"config key `{path}` is not a known setting; the keys of `{prefix.rstrip('.') or 'the top level'}`"
+                              f" are: {', '.join(sorted(names))}")
+        ftype = names[key].default_factory if names[key].default_factory is not dataclasses.MISSING else None
+        if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
+            _reject_unknown_keys(node[key], ftype, path + ".")
+
+
+def to_config(cfg: DictConfig | Any) -> Config:
+    """Convert a composed config to :class:`Config`, running every ``__post_init__`` check.
+
+    Raises:
+        ConfigError: a value is out of range; the message names the key and the fix.
+    """
+    if isinstance(cfg, Config):
+        return cfg
+    _reject_unknown_keys(cfg, Config, "")
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, Config), type(obj)
+    return obj
+
+
+def compose(overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> DictConfig:
+    """Compose ``conf/config.yaml`` with Hydra overrides outside a Hydra app (tests, tools).
+
+    Returns the composed ``DictConfig`` (Hydra's own ``hydra`` node removed).
+    """
+    import os
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))

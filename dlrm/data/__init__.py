@@ -1,0 +1,269 @@
+"""Data sources, MLPerf multi-hot expansion and per-rank KJT batches.
+
+A :class:`Split` holds rows in memory in model terms (dense features already transformed, one table id per
+sparse feature). :func:`load_splits` builds the train and validation splits from the config (``data=synthetic``
+or ``data=criteo_tsv``); :class:`MultiHot` expands 1-hot ids into bags; :func:`train_batches` and
+:func:`eval_batches` cut a split into per-rank ``torchrec.datasets.utils.Batch`` objects.
+
+Rank layout: global batch ``i`` is rows ``[i*G, (i+1)*G)`` (``G`` = global batch) and rank ``r`` takes the
+``r``-th contiguous block of it, so the sequence of global batches, and hence the math, does not depend on the
+world size when ``data.global_batch_size`` is fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm.config import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, DataConfig, ModelConfig
+from dlrm.data.criteo_tsv import RawRows, hash_to_rows, read_tsv
+
+log = logging.getLogger(__name__)
+
+# Expansion tables above this size are refused with a fix (model.row_cap or data.multi_hot=false): the MLPerf
+# reference materialises ``rows x (size-1)`` ids per table, 31.7 GB for the 40 M-row table of size 100.
+MULTI_HOT_MAX_BYTES = 16 * 2**30
+# Synthetic ids are drawn from at most this many rows per table, so the teacher stays small for huge tables.
+SYNTHETIC_MAX_VOCAB = 100_000
+
+
+@dataclass
+class Split:
+    """Rows of one split, in memory.
+
+    Attributes:
+        dense: float32 ``[N, 13]``, transformed dense features.
+        ids: int64 ``[N, 26]``, one row id per table (``0 <= ids[:, t] < rows[t]``).
+        labels: float32 ``[N]``, 0.0 or 1.0.
+        name: ``train`` or ``val``, used in messages.
+    """
+
+    dense: torch.Tensor
+    ids: torch.Tensor
+    labels: torch.Tensor
+    name: str
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def take(self, idx: torch.Tensor) -> "Split":
+        return Split(self.dense[idx], self.ids[idx], self.labels[idx], self.name)
+
+
+class MultiHot:
+    """The MLPerf DLRM-v2 1-hot to multi-hot expansion.
+
+    Each table ``t`` with multi-hot size ``m`` gets a fixed lookup table ``[rows, m]`` whose row ``i`` is ``i``
+    followed by ``m - 1`` ids drawn uniformly from ``[0, rows)``; a sample's bag is the row of its 1-hot id.
+    The draws use numpy's legacy global generator seeded once with ``seed`` (MLPerf reference
+    ``torchrec_dlrm/multi_hot.py``: ``np.random.seed(0)``, ``randint(0, rows, (rows, m - 1))`` per table in
+    order), so every rank, and the reference, derive the same bags.
+
+    Raises:
+        ValueError: the expansion tables would exceed ``MULTI_HOT_MAX_BYTES``; the message names the fix.
+    """
+
+    def __init__(self, table_rows: Sequence[int], sizes: Sequence[int], seed: int = 0) -> None:
+        need = sum(r * (m - 1) * 8 for r, m in zip(table_rows, sizes))
+        if need > MULTI_HOT_MAX_BYTES:
+            raise ValueError(
+                f"data.multi_hot: the MLPerf expansion tables would take {need / 2**30:.1f} GiB of host memory "
+                f"(limit {MULTI_HOT_MAX_BYTES / 2**30:.0f} GiB); cap the tables with model.row_cap=<rows> or "
+                "keep ids 1-hot with data.multi_hot=false")
+        self.sizes = [int(m) for m in sizes]
+        rng = np.random.RandomState(seed)
+        self.tables: List[Optional[torch.Tensor]] = []
+        for rows, m in zip(table_rows, sizes):
+            extra = rng.randint(0, rows, size=(rows, m - 1))
+            if m == 1:
+                self.tables.append(None)
+                continue
+            self.tables.append(torch.from_numpy(np.concatenate([np.arange(rows)[:, None], extra], axis=1)))
+
+    def bags(self, t: int, ids: torch.Tensor) -> torch.Tensor:
+        """Ids of table ``t``'s bags, int64 ``[len(ids) * size_t]`` (sample-major)."""
+        table = self.tables[t]
+        return ids if table is None else table[ids].reshape(-1)
+
+
+def to_batch(split: Split, idx: torch.Tensor, feature_names: Sequence[str], multi_hot: Optional[MultiHot]) -> Batch:
+    """Build one ``Batch`` (dense ``[B, 13]`` float32, KJT over 26 keys, labels ``[B]`` float32) from rows."""
+    ids = split.ids[idx]
+    b = int(idx.shape[0])
+    values, lengths = [], []
+    for t in range(ids.shape[1]):
+        col = ids[:, t]
+        m = multi_hot.sizes[t] if multi_hot is not None else 1
+        values.append(multi_hot.bags(t, col) if multi_hot is not None else col)
+        lengths.append(torch.full((b,), m, dtype=torch.int32))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(feature_names), values=torch.cat(values), lengths=torch.cat(lengths))
+    return Batch(dense_features=split.dense[idx], sparse_features=kjt, labels=split.labels[idx])
+
+
+def train_plan(n_rows: int, global_batch: int, world_size: int) -> List[Tuple[int, int]]:
+    """``(start, per_rank_size)`` of every global batch of a training epoch.
+
+    Full global batches give each rank ``global_batch // world_size`` rows. The last partial global batch of
+    ``R`` rows is trained too, each rank taking ``R // world_size`` rows (so all ranks step together); its
+    ``R % world_size`` leftover rows, fewer than the world size, are not used.
+    """
+    per_rank = global_batch // world_size
+    plan = []
+    for start in range(0, n_rows, global_batch):
+        rows = min(global_batch, n_rows - start)
+        size = per_rank if rows == global_batch else rows // world_size
+        if size > 0:
+            plan.append((start, size))
+    return plan
+
+
+def train_batches(split: Split, *, global_batch: int, rank: int, world_size: int, epochs: int,
+                  max_steps: Optional[int], feature_names: Sequence[str], multi_hot: Optional[MultiHot],
+                  shuffle: bool, seed: int) -> Iterator[Batch]:
+    """Yield this rank's training batches over ``epochs`` passes, stopping after ``max_steps`` in all.
+
+    Every rank yields the same number of batches of the same size. With ``shuffle``, each epoch's row order is
+    a permutation seeded by ``(seed, epoch)``, identical on every rank.
+    """
+    plan = train_plan(len(split), global_batch, world_size)
+    step = 0
+    for epoch in range(epochs):
+        order = None
+        if shuffle:
+            g = torch.Generator().manual_seed(seed * 1000003 + epoch)
+            order = torch.randperm(len(split), generator=g)
+        for start, size in plan:
+            if max_steps is not None and step >= max_steps:
+                return
+            idx = torch.arange(start + rank * size, start + (rank + 1) * size)
+            if order is not None:
+                idx = order[idx]
+            yield to_batch(split, idx, feature_names, multi_hot)
+            step += 1
+
+
+def steps_per_epoch(n_rows: int, global_batch: int, world_size: int) -> int:
+    return len(train_plan(n_rows, global_batch, world_size))
+
+
+def eval_batches(split: Split, *, batch_size: int, rank: int, world_size: int, feature_names: Sequence[str],
+                 multi_hot: Optional[MultiHot]) -> Iterator[Tuple[Batch, torch.Tensor]]:
+    """Yield ``(batch, weight)`` for this rank's share of an evaluation split.
+
+    Rows are split into ``world_size`` contiguous shares (sizes differ by at most one). Every rank yields the
+    same number of full-size batches, so sharded collectives never wait on a rank that ran out: rows past the
+    end of a share are padding (copies of row 0) with weight 0.0; real rows have weight 1.0. A rank whose
+    share is empty yields only padding.
+    """
+    n = len(split)
+    bounds = [n * r // world_size for r in range(world_size + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    longest = max(bounds[r + 1] - bounds[r] for r in range(world_size))
+    n_batches = math.ceil(longest / batch_size)
+    for i in range(n_batches):
+        start = lo + i * batch_size
+        real = max(0, min(batch_size, hi - start))
+        idx = torch.zeros(batch_size, dtype=torch.int64)
+        idx[:real] = torch.arange(start, start + real)
+        weight = torch.zeros(batch_size)
+        weight[:real] = 1.0
+        yield to_batch(split, idx, feature_names, multi_hot), weight
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def _split_from_raw(raw: RawRows, table_rows: Sequence[int], name: str) -> Split:
+    return Split(
+        dense=torch.from_numpy(raw.ints),
+        ids=torch.from_numpy(hash_to_rows(raw.cats, table_rows)),
+        labels=torch.from_numpy(raw.labels.astype(np.float32)),
+        name=name,
+    )
+
+
+def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, Split]:
+    """Train and validation splits from ``data.train_path`` (and ``data.val_path``, or the last
+    ``data.val_fraction`` of the training rows)."""
+    assert cfg.train_path
+    raw = read_tsv(cfg.train_path, max_rows=cfg.max_rows, config_key="data.train_path")
+    train = _split_from_raw(raw, table_rows, "train")
+    if cfg.val_path:
+        val = _split_from_raw(read_tsv(cfg.val_path, config_key="data.val_path"), table_rows, "val")
+        return train, val
+    n_train = int(round(len(train) * (1.0 - cfg.val_fraction)))
+    if n_train == 0 or n_train == len(train):
+        raise ValueError(f"data.train_path {cfg.train_path!r} has {len(train)} rows: too few to hold out "
+                         f"data.val_fraction={cfg.val_fraction}; give data.val_path or more rows")
+    all_idx = torch.arange(len(train))
+    return train.take(all_idx[:n_train]), Split(*[t[n_train:] for t in (train.dense, train.ids, train.labels)],
+                                                 name="val")
+
+
+class Teacher:
+    """The hidden model that labels synthetic samples.
+
+    logit = dense · w + sum_t bias_t[id_t] + sum_{t<s} <v_t[id_t], v_s[id_s]> (factorisation-machine pairs),
+    each part at unit scale (weights 1 : 1 : 0.5), rescaled to a standard deviation of 2 and shifted so that about
+    25% of samples click (Criteo: 26%). Labels are Bernoulli(sigmoid(logit)), so the best achievable AUC is
+    about 0.85, well above 0.5.
+    """
+
+    def __init__(self, vocab: Sequence[int], dim: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.w = torch.randn(NUM_DENSE_FEATURES, generator=g) / math.sqrt(NUM_DENSE_FEATURES)
+        self.bias = [torch.randn(v, generator=g) for v in vocab]
+        self.v = [torch.randn(v, dim, generator=g) for v in vocab]
+
+    def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Unnormalised teacher logits, float32 ``[N]``: dense, per-id and pairwise parts, each scaled to unit
+        standard deviation, weighted 1 : 1 : 0.5."""
+        def unit(x: torch.Tensor) -> torch.Tensor:
+            return (x - x.mean()) / x.std().clamp_min(1e-12)
+
+        t = ids.shape[1]
+        bias = sum(self.bias[k][ids[:, k]] for k in range(t))
+        vs = torch.stack([self.v[k][ids[:, k]] for k in range(t)], dim=1)  # [N, T, dim]
+        pairs = 0.5 * (vs.sum(1).pow(2).sum(-1) - vs.pow(2).sum((1, 2)))
+        return unit(dense @ self.w) + unit(bias) + 0.5 * unit(pairs)
+
+
+def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int) -> Tuple[Split, Split]:
+    """Teacher-labelled MLPerf-shaped splits of ``data.num_train_samples`` and ``data.num_val_samples`` rows.
+
+    Dense features are ``log(count + 1)`` of log-normal counts, ids are uniform over each table's first
+    ``min(rows, 100000)`` rows. Both splits come from one generator seeded by ``data.teacher_seed`` (the
+    global ``seed`` only drives model init), so every rank and every world size sees the same rows.
+    """
+    del seed
+    vocab = [min(r, SYNTHETIC_MAX_VOCAB) for r in table_rows]
+    teacher = Teacher(vocab, cfg.teacher_dim, cfg.teacher_seed)
+    g = torch.Generator().manual_seed(cfg.teacher_seed + 1)
+    n = cfg.num_train_samples + cfg.num_val_samples
+    counts = torch.exp(torch.randn(n, NUM_DENSE_FEATURES, generator=g) * 1.5 + 1.0).floor()
+    dense = torch.log1p(counts)
+    ids = torch.stack([torch.randint(0, v, (n,), generator=g) for v in vocab], dim=1)
+    z = teacher.logits(dense, ids)
+    z = (z - z.mean()) / z.std() * 2.0
+    z = z - 1.6  # about 25% positives after the sigmoid draw
+    labels = torch.bernoulli(torch.sigmoid(z), generator=g)
+    k = cfg.num_train_samples
+    return (Split(dense[:k], ids[:k], labels[:k], "train"), Split(dense[k:], ids[k:], labels[k:], "val"))
+
+
+def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split, Split]:
+    """Load ``(train, val)`` for ``data.name``. Row ids are already within each table's ``model.table_rows``."""
+    rows = model.table_rows
+    assert len(rows) == NUM_SPARSE_FEATURES
+    if data.name == "synthetic":
+        return load_synthetic(data, rows, seed)
+    return load_criteo_tsv(data, rows)

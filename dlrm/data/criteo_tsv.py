@@ -1,0 +1,143 @@
+"""Reader for raw Criteo TSV click logs (Kaggle ``train.txt`` and the 1TB ``day_N`` files).
+
+A line is ``label \\t I1 .. I13 \\t C1 .. C26`` (40 fields): ``label`` 0/1, ``I*`` integer counts (may be negative,
+e.g. -1), ``C*`` 32-bit category hashes written as hex. An empty field is a missing value.
+
+Transforms (original DLRM convention, facebookresearch/dlrm ``data_utils.py``): integer features that are missing
+or negative become 0, then ``log(x + 1)``; a categorical hex value becomes ``int(hex, 16) % rows`` of its table
+(missing: 0), as torchrec's Criteo preprocessing maps hashes into each table.
+
+Bad input raises :class:`TsvFormatError` naming the file and the 1-based line number.
+
+Check a file by hand::
+
+    python data/check_tsv.py ../shared/data/criteo/kaggle_train_head10k.tsv
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+NUM_INT = 13
+NUM_CAT = 26
+NUM_FIELDS = 1 + NUM_INT + NUM_CAT
+
+
+class TsvFormatError(ValueError):
+    """A Criteo TSV file is malformed; the message names the file, the line and the fix."""
+
+
+@dataclass
+class RawRows:
+    """Parsed rows before any model-dependent mapping.
+
+    Attributes:
+        labels: int8 ``[N]``, 0 or 1.
+        ints: float32 ``[N, 13]``, ``log(max(x, 0) + 1)`` with missing values as 0.
+        cats: int64 ``[N, 26]``, the 32-bit category hash (missing: 0).
+    """
+
+    labels: np.ndarray
+    ints: np.ndarray
+    cats: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def read_tsv(path: str, max_rows: Optional[int] = None, config_key: str = "data.train_path") -> RawRows:
+    """Parse a Criteo TSV file.
+
+    Args:
+        path: the file.
+        max_rows: stop after this many rows (None: all).
+        config_key: the config key that named ``path``, quoted when the file is missing.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (the message names ``config_key``).
+        TsvFormatError: empty file, wrong field count, non-numeric integer feature, label other than 0/1,
+            categorical value that is not 32-bit hex; the message names ``path`` and the line number.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config key `{config_key}`: no such file {path!r} "
+                                f"(cwd {os.getcwd()}); pass {config_key}=<path to a Criteo TSV file>")
+    labels: List[int] = []
+    ints = []
+    cats = []
+    blank_at = 0
+    with open(path, "r", encoding="utf-8", newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            if max_rows is not None and len(labels) >= max_rows:
+                break
+            line = line.rstrip("\r\n")
+            if not line:
+                blank_at = blank_at or lineno  # blank lines are fine only at the end of the file
+                continue
+            if blank_at:
+                raise TsvFormatError(f"{path}:{blank_at}: blank line before more rows; every line needs "
+                                     f"{NUM_FIELDS} tab-separated fields (label, I1..I13, C1..C26): delete it")
+            fields = line.split("\t")
+            if len(fields) != NUM_FIELDS:
+                raise TsvFormatError(
+                    f"{path}:{lineno}: {len(fields)} tab-separated fields, expected {NUM_FIELDS} "
+                    "(label, I1..I13, C1..C26; missing values are empty fields, not absent ones)")
+            lab = fields[0]
+            if lab not in ("0", "1"):
+                raise TsvFormatError(f"{path}:{lineno}: label {lab!r} is not 0 or 1 (first field)")
+            labels.append(1 if lab == "1" else 0)
+            row_i = []
+            for j in range(NUM_INT):
+                v = fields[1 + j]
+                if v == "":
+                    row_i.append(0)
+                    continue
+                try:
+                    x = int(v)
+                except ValueError:
+                    raise TsvFormatError(f"{path}:{lineno}: integer feature I{j + 1} is {v!r}, not an integer "
+                                         "(leave the field empty for a missing value)") from None
+                row_i.append(x if x > 0 else 0)
+            ints.append(row_i)
+            row_c = []
+            for j in range(NUM_CAT):
+                v = fields[1 + NUM_INT + j]
+                if v == "":
+                    row_c.append(0)
+                    continue
+                try:
+                    c = int(v, 16)
+                except ValueError:
+                    c = -1
+                if not 0 <= c < 2**32:
+                    raise TsvFormatError(f"{path}:{lineno}: categorical feature C{j + 1} is {v!r}, not a 32-bit "
+                                         "hex value (leave the field empty for a missing value)")
+                row_c.append(c)
+            cats.append(row_c)
+    if not labels:
+        raise TsvFormatError(f"{path}: empty file, no rows; expected lines of {NUM_FIELDS} tab-separated fields")
+    ints_arr = np.log1p(np.asarray(ints, dtype=np.float64)).astype(np.float32)
+    return RawRows(
+        labels=np.asarray(labels, dtype=np.int8),
+        ints=ints_arr.reshape(-1, NUM_INT),
+        cats=np.asarray(cats, dtype=np.int64).reshape(-1, NUM_CAT),
+    )
+
+
+def hash_to_rows(cats: np.ndarray, table_rows: Sequence[int]) -> np.ndarray:
+    """Map 32-bit category hashes into each table's rows: ``cats[:, t] % table_rows[t]``.
+
+    Args:
+        cats: int64 ``[N, 26]``.
+        table_rows: rows of each of the 26 tables.
+
+    Returns:
+        int64 ``[N, 26]`` ids, ``0 <= ids[:, t] < table_rows[t]``.
+    """
+    rows = np.asarray(table_rows, dtype=np.int64)
+    if cats.shape[1] != rows.shape[0]:
+        raise ValueError(f"{cats.shape[1]} categorical columns but {rows.shape[0]} tables")
+    return cats % rows[None, :]

@@ -1,0 +1,73 @@
+"""Process group and device set-up for single-process, ``torchrun`` and ``torchx dist.ddp`` launches.
+
+The launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``) decides the layout; a plain ``python train.py`` becomes a world of one on a free local port.
+Backend: NCCL on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_device(name: str, local_rank: int) -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` to a concrete device; raises ValueError for ``cuda`` without a GPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("config key `device`: device=cuda but no CUDA device is visible; use device=cpu")
+        n = torch.cuda.device_count()
+        dev = torch.device("cuda", local_rank % n)
+        torch.cuda.set_device(dev)
+        return dev
+    return torch.device("cpu")
+
+
+def init_distributed(device_name: str = "auto") -> DistInfo:
+    """Initialise the default process group (idempotent) and pick this rank's device."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    device = resolve_device(device_name, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:
+            if world != 1:
+                raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is unset: launch with torchrun or torchx")
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(_free_port())
+        dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                                device_id=device if device.type == "cuda" else None)
+    return DistInfo(rank, world, local_rank, local_world, device, backend)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

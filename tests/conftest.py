@@ -1,0 +1,69 @@
+"""Shared test helpers: a gloo multi-process runner and paths to the real Criteo samples."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, List
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parent.parent
+CRITEO_DIR = REPO.parent / "shared" / "data" / "criteo"
+KAGGLE_SAMPLE = CRITEO_DIR / "kaggle_train_head10k.tsv"
+TB_SAMPLE = CRITEO_DIR / "terabyte_day0_head1000.tsv"
+
+needs_kaggle = pytest.mark.skipif(
+    not KAGGLE_SAMPLE.is_file(),
+    reason=f"real Criteo rows not found at {KAGGLE_SAMPLE} (the repo expects ../shared/data/criteo beside it)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, q: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        q.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException:  # report to the parent instead of hanging it
+        q.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_gloo(world: int, fn: Callable, *args: Any, timeout: float = 300) -> List[Any]:
+    """Run ``fn(rank, world, *args)`` in ``world`` gloo processes; return the results ordered by rank."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out: dict = {}
+    try:
+        for _ in range(world):
+            rank, status, value = q.get(timeout=timeout)
+            if status != "ok":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            out[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return [out[r] for r in range(world)]
+
+
+def python() -> str:
+    return sys.executable

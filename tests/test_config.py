@@ -1,0 +1,84 @@
+"""Every shipped config composes and validates; bad values fail early naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, ConfigError, compose, to_config
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+
+
+def _options(group: str):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_shipped_config_composes(group: str, option: str) -> None:
+    overrides = [f"{group}={option}"]
+    if (group, option) in {("data", "criteo_tsv"), ("experiment", "criteo_sample")}:
+        overrides.append("data.train_path=x.tsv")  # required key; the file is only opened at run time
+    cfg = to_config(compose(overrides))
+    if group == "model":
+        assert cfg.model.name == option
+    elif group in ("data", "pipeline", "sharding"):
+        assert getattr(cfg, group).name == option
+
+
+def test_groups_are_the_expected_ones() -> None:
+    assert {"model", "data", "optimizer", "sharding", "pipeline", "logger", "experiment"} <= set(GROUPS)
+
+
+def test_default_is_small_synthetic() -> None:
+    cfg = to_config(compose([]))
+    assert (cfg.model.name, cfg.data.name, cfg.pipeline.name) == ("dlrm_v2_small", "synthetic", "sparse_dist")
+    assert cfg.optimizer.eps == 1e-8  # MLPerf Training rules
+
+
+def test_dlrm_v2_is_the_mlperf_architecture() -> None:
+    m = to_config(compose(["model=dlrm_v2"])).model
+    assert m.num_embeddings_per_feature == MLPERF_NUM_EMBEDDINGS
+    assert sum(m.num_embeddings_per_feature) == 204_184_588
+    assert m.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES and sum(m.multi_hot_sizes) == 214
+    assert (m.embedding_dim, m.dense_arch_layer_sizes, m.over_arch_layer_sizes) == (
+        128, [512, 256, 128], [1024, 1024, 512, 256, 1])
+    assert (m.interaction, m.dcn_num_layers, m.dcn_low_rank_dim, m.row_cap) == ("dcn", 3, 512, None)
+    capped = to_config(compose(["model=dlrm_v2", "model.row_cap=1000"])).model
+    assert capped.table_rows[0] == 1000 and capped.table_rows[5] == 3
+
+
+def test_criteo_sample_experiment_overrides_only_what_differs() -> None:
+    cfg = to_config(compose(["experiment=criteo_sample", "data.train_path=a.tsv"]))
+    assert (cfg.data.name, cfg.data.global_batch_size, cfg.data.multi_hot, cfg.trainer.epochs) == (
+        "criteo_tsv", 128, False, 1)
+    assert cfg.model.name == "dlrm_v2_small"
+
+
+@pytest.mark.parametrize("override,key", [
+    ("model.embedding_dim=0", "model.embedding_dim"),
+    ("model.dense_arch_layer_sizes=[64,32,8]", "model.dense_arch_layer_sizes"),
+    ("model.over_arch_layer_sizes=[64,2]", "model.over_arch_layer_sizes"),
+    ("model.multi_hot_sizes=[1,2]", "model.multi_hot_sizes"),
+    ("model.interaction=cross", "model.interaction"),
+    ("data.batch_size=0", "data.batch_size"),
+    ("optimizer.sparse_type=sgd", "optimizer.sparse_type"),
+    ("device=tpu", "device"),
+])
+def test_bad_values_name_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=f"config key `{key}`"):
+        to_config(compose([override]))
+
+
+def test_criteo_tsv_without_path_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="data.train_path"):
+        to_config(compose(["data=criteo_tsv"]))
+
+
+def test_unknown_key_fails_at_compose_time() -> None:
+    with pytest.raises(ConfigError, match="config key `model.no_such_key` is not a known setting"):
+        to_config(compose(["+model.no_such_key=1"]))
+    with pytest.raises(Exception, match="batchsize"):
+        compose(["data.batchsize=3"])

@@ -1,0 +1,113 @@
+"""Multi-hot expansion, per-rank batch layout, eval padding and the synthetic teacher."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from dlrm import data as D
+from dlrm.config import DataConfig, ModelConfig
+from dlrm.model import FEATURE_NAMES
+
+
+def test_multi_hot_follows_the_mlperf_reference_procedure() -> None:
+    rows, sizes = [50, 7, 3], [3, 1, 5]
+    mh = D.MultiHot(rows, sizes, seed=0)
+    # The reference: np.random.seed(0), then per table in order randint(0, rows, (rows, size - 1)),
+    # prepended with the id itself.
+    np.random.seed(0)
+    expect = [np.concatenate([np.arange(r)[:, None], np.random.randint(0, r, size=(r, m - 1))], axis=1)
+              for r, m in zip(rows, sizes)]
+    ids = torch.tensor([0, 49, 3])
+    np.testing.assert_array_equal(mh.bags(0, ids).numpy(), expect[0][[0, 49, 3]].reshape(-1))
+    np.testing.assert_array_equal(mh.bags(1, torch.tensor([6, 2])).numpy(), [6, 2])
+    np.testing.assert_array_equal(mh.bags(2, torch.tensor([2])).numpy(), expect[2][2])
+    assert mh.bags(0, ids)[::3].tolist() == [0, 49, 3]  # each bag starts with its 1-hot id
+
+
+def test_multi_hot_refuses_huge_tables_with_a_fix() -> None:
+    with pytest.raises(ValueError, match="model.row_cap"):
+        D.MultiHot([40_000_000], [100])
+
+
+def _split(n: int) -> D.Split:
+    g = torch.Generator().manual_seed(0)
+    return D.Split(torch.randn(n, 13, generator=g), torch.randint(0, 10, (n, 26), generator=g),
+                   (torch.rand(n, generator=g) < 0.5).float(), "train")
+
+
+def test_kjt_batch_shapes() -> None:
+    sp = _split(8)
+    mh = D.MultiHot([10] * 26, [2] * 25 + [5], seed=0)
+    b = D.to_batch(sp, torch.arange(4), FEATURE_NAMES, mh)
+    assert b.dense_features.shape == (4, 13) and b.labels.shape == (4,)
+    kjt = b.sparse_features
+    assert kjt.keys() == FEATURE_NAMES
+    assert kjt.lengths().tolist() == [2] * (25 * 4) + [5] * 4
+    assert kjt.values().numel() == 4 * (2 * 25 + 5)
+    one_hot = D.to_batch(sp, torch.arange(4), FEATURE_NAMES, None).sparse_features
+    assert one_hot["cat_3"].values().tolist() == sp.ids[:4, 3].tolist()
+
+
+def _global_batches(n, gb, world):
+    """Concatenate the ranks' batches of each step back into global batches of row labels."""
+    sp = _split(n)
+    sp.labels = torch.arange(n, dtype=torch.float32)  # row numbers as labels
+    per_rank = [list(D.train_batches(sp, global_batch=gb, rank=r, world_size=world, epochs=1, max_steps=None,
+                                     feature_names=FEATURE_NAMES, multi_hot=None, shuffle=False, seed=0))
+                for r in range(world)]
+    assert len({len(p) for p in per_rank}) == 1, "every rank must run the same number of steps"
+    return [torch.cat([p[i].labels for p in per_rank]).long().tolist() for i in range(len(per_rank[0]))]
+
+
+def test_global_batches_do_not_depend_on_world_size() -> None:
+    one, two = _global_batches(103, 16, 1), _global_batches(103, 16, 2)
+    four = _global_batches(103, 16, 4)
+    assert one[:-1] == two[:-1] == four[:-1]
+    assert one[-1] == list(range(96, 103))       # the last partial batch is trained
+    assert two[-1] == list(range(96, 102))       # 7 rows over 2 ranks: 3 each, 1 left out
+    assert four[-1] == [96, 97, 98, 99]          # 7 rows over 4 ranks: 1 each
+
+
+def test_max_steps_and_epochs_and_shuffle() -> None:
+    sp = _split(40)
+    kw = dict(global_batch=10, rank=0, world_size=1, feature_names=FEATURE_NAMES, multi_hot=None, seed=3)
+    assert len(list(D.train_batches(sp, epochs=3, max_steps=None, shuffle=False, **kw))) == 12
+    assert len(list(D.train_batches(sp, epochs=3, max_steps=7, shuffle=False, **kw))) == 7
+    sp.labels = torch.arange(40, dtype=torch.float32)
+    ep = [b.labels for b in D.train_batches(sp, epochs=2, max_steps=None, shuffle=True, **kw)]
+    first, second = torch.cat(ep[:4]), torch.cat(ep[4:])
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(40))
+    assert first.tolist() != second.tolist()
+
+
+@pytest.mark.parametrize("n,world", [(10, 2), (1, 2), (7, 4), (0, 2)])
+def test_eval_batches_cover_every_row_once_and_pad_with_zero_weight(n: int, world: int) -> None:
+    sp = _split(max(n, 1))
+    if n == 0:
+        sp = D.Split(sp.dense[:0], sp.ids[:0], sp.labels[:0], "val")
+    sp.labels = torch.arange(len(sp), dtype=torch.float32)
+    seen, counts = [], []
+    for r in range(world):
+        out = list(D.eval_batches(sp, batch_size=3, rank=r, world_size=world, feature_names=FEATURE_NAMES,
+                                  multi_hot=None)) if n else []
+        counts.append(len(out))
+        for b, w in out:
+            assert b.labels.shape == (3,)
+            seen += b.labels[w > 0].long().tolist()
+    assert len(set(counts)) == 1
+    assert sorted(seen) == list(range(n))
+
+
+def test_synthetic_is_learnable_and_deterministic() -> None:
+    cfg = DataConfig(num_train_samples=4000, num_val_samples=1000)
+    rows = ModelConfig().table_rows
+    tr, va = D.load_synthetic(cfg, rows, seed=0)
+    tr2, _ = D.load_synthetic(cfg, rows, seed=5)
+    assert torch.equal(tr.ids, tr2.ids) and torch.equal(tr.labels, tr2.labels)
+    assert 0.15 < float(tr.labels.mean()) < 0.4
+    assert (tr.ids < torch.tensor(rows)).all()
+    teacher = D.Teacher([min(r, D.SYNTHETIC_MAX_VOCAB) for r in rows], cfg.teacher_dim, cfg.teacher_seed)
+    assert roc_auc_score(va.labels.numpy(), teacher.logits(va.dense, va.ids).numpy()) > 0.8

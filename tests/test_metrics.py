@@ -1,0 +1,79 @@
+"""Global AUC and logloss over gloo ranks equal sklearn's on the gathered predictions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import log_loss, roc_auc_score
+
+from conftest import run_gloo
+from dlrm.metrics import EvalAccumulator, global_auc
+
+# per rank: (predictions, labels)
+ISSUE_CASE = [([0.2, 0.4], [0, 1]), ([0.6, 0.8], [0, 1])]
+UNEVEN = [([0.9, 0.1, 0.35, 0.35], [1, 0, 1, 0]), ([0.35], [1])]
+EMPTY_RANK = [([0.3, 0.7, 0.5], [0, 1, 1]), ([], [])]
+
+
+CASES = {"issue": ISSUE_CASE, "uneven": UNEVEN, "empty_rank": EMPTY_RANK}
+
+
+def _auc_worker(rank: int, world: int, cases):
+    return {name: global_auc(torch.tensor(case[rank][0], dtype=torch.float32), torch.tensor(case[rank][1]))
+            for name, case in cases.items()}
+
+
+@pytest.fixture(scope="module")
+def two_rank_aucs():
+    """One 2-process gloo job scores every case (starting processes dominates the cost)."""
+    return run_gloo(2, _auc_worker, CASES)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_global_auc_two_ranks_equals_sklearn(name: str, two_rank_aucs) -> None:
+    case = CASES[name]
+    got = [r[name] for r in two_rank_aucs]
+    p = [x for ps, _ in case for x in ps]
+    y = [x for _, ys in case for x in ys]
+    want = roc_auc_score(y, p)
+    assert got[0] == got[1]  # the same value on every rank
+    assert got[0] == pytest.approx(want, abs=1e-7)
+    if case is ISSUE_CASE:
+        assert got[0] == pytest.approx(0.75, abs=1e-7)
+
+
+def _acc_worker(rank: int, world: int, seed: int):
+    g = torch.Generator().manual_seed(seed + rank)
+    n = 37 if rank == 0 else 5
+    logits = torch.randn(n, generator=g)
+    labels = (torch.rand(n, generator=g) < 0.3).float()
+    weight = torch.ones(n)
+    weight[-2:] = 0  # padding rows must not count
+    acc = EvalAccumulator()
+    acc.update(logits[:20], labels[:20], weight[:20])
+    acc.update(logits[20:], labels[20:], weight[20:])
+    return acc.compute(torch.device("cpu")), logits[weight > 0], labels[weight > 0]
+
+
+def test_eval_accumulator_matches_sklearn_and_ignores_padding() -> None:
+    out = run_gloo(2, _acc_worker, 7)
+    probs = torch.sigmoid(torch.cat([o[1] for o in out])).double().numpy()
+    labels = torch.cat([o[2] for o in out]).numpy()
+    for res, _, _ in out:
+        assert res["samples"] == 35 + 3
+        assert res["auc"] == pytest.approx(roc_auc_score(labels, probs), abs=1e-6)
+        assert res["logloss"] == pytest.approx(log_loss(labels, probs), rel=1e-9)
+
+
+def test_single_class_auc_is_nan() -> None:
+    assert math.isnan(global_auc(torch.tensor([0.1, 0.2]), torch.tensor([1, 1])))
+
+
+def test_auc_with_ties_single_process() -> None:
+    rng = np.random.default_rng(0)
+    p = rng.integers(0, 5, 1000) / 4.0  # many ties
+    y = rng.integers(0, 2, 1000)
+    assert global_auc(torch.tensor(p), torch.tensor(y)) == pytest.approx(roc_auc_score(y, p), abs=1e-6)

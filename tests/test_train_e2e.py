@@ -1,0 +1,97 @@
+"""End-to-end runs of train.py: single process, torchrun with 2 gloo processes, torchx dist.ddp, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+import yaml
+
+from conftest import KAGGLE_SAMPLE, REPO, needs_kaggle
+
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def run(cmd: List[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return p
+
+
+def records(run_dir: Path) -> List[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_default_run_single_process(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", "trainer.max_steps=40", "eval.every_n_steps=20",
+             "logger.log_every_n_steps=10", "data.num_val_samples=2048"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = records(d)
+    steps = [r for r in recs if "loss" in r]
+    vals = [r for r in recs if "val_auc" in r]
+    assert [r["step"] for r in steps] == [10, 20, 30, 40]
+    assert {"step", "loss", "lr", "samples_per_s"} <= set(steps[0])
+    assert [r["step"] for r in vals] == [20, 40]
+    assert {"val_auc", "val_logloss"} <= set(vals[0]) and vals[0]["val_samples"] == 2048
+    assert vals[-1]["val_auc"] > 0.6, vals
+    assert steps[-1]["samples"] == 40 * 256
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    assert cfg["trainer"]["max_steps"] == 40 and cfg["model"]["name"] == "dlrm_v2_small"
+    assert f"final validation AUC {vals[-1]['val_auc']:.4f}" in p.stdout
+    assert sum(line.startswith("step ") for line in p.stdout.splitlines()) == 4
+
+
+def _final_auc(d: Path) -> float:
+    return [r for r in records(d) if "val_auc" in r][-1]["val_auc"]
+
+
+@needs_kaggle
+def test_criteo_sample_one_and_two_processes_agree(tmp_path: Path) -> None:
+    """The acceptance run on real rows, and the same under torchrun with 2 gloo processes."""
+    common = ["experiment=criteo_sample", f"data.train_path={KAGGLE_SAMPLE}"]
+    d1, d2 = tmp_path / "one", tmp_path / "two"
+    p1 = run([sys.executable, "train.py", f"hydra.run.dir={d1}", *common])
+    assert p1.returncode == 0, p1.stdout + p1.stderr
+    p2 = run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d2}",
+              *common])
+    assert p2.returncode == 0, p2.stdout + p2.stderr
+    a1, a2 = _final_auc(d1), _final_auc(d2)
+    assert [r["val_samples"] for r in records(d2) if "val_auc" in r][-1] == 2000  # rows 8,001-10,000
+    assert a1 >= 0.72, a1
+    assert a2 > 0.65, a2
+    assert abs(a1 - a2) <= 0.005, (a1, a2)
+
+
+@pytest.mark.skipif(shutil.which("torchx", path=ENV["PATH"]) is None, reason="torchx is not installed")
+def test_torchx_dist_ddp_two_processes(tmp_path: Path) -> None:
+    d = tmp_path / "tx"
+    p = run([str(BIN / "torchx"), "run", "-s", "local_cwd", "dist.ddp", "-j", "1x2", "--script", "train.py", "--",
+             f"hydra.run.dir={d}", "trainer.max_steps=20", "data.num_train_samples=10240",
+             "data.num_val_samples=1024", "logger.log_every_n_steps=10"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = records(d)
+    assert [r["step"] for r in recs if "loss" in r] == [10, 20]
+    assert [r["val_samples"] for r in recs if "val_auc" in r] == [1024]
+    assert recs[0]["samples"] == 10 * 256 * 2  # per-rank batch x 2 ranks
+
+
+@pytest.mark.parametrize("content,override,match", [
+    (None, "data.train_path={tmp}/missing.tsv", "config key `data.train_path`: no such file"),
+    ("", "data.train_path={tmp}/x.tsv", r"x\.tsv: empty file"),
+    ("1\t2\n", "data.train_path={tmp}/x.tsv", r"x\.tsv:1: 2 tab-separated fields, expected 40"),
+])
+def test_bad_input_fails_fast_with_file_and_line(tmp_path: Path, content, override, match) -> None:
+    if content is not None:
+        (tmp_path / "x.tsv").write_text(content)
+    p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", "data=criteo_tsv",
+             override.format(tmp=tmp_path)])
+    assert p.returncode != 0
+    import re
+    assert re.search(match, p.stdout + p.stderr), p.stdout + p.stderr

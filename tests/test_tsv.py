@@ -1,0 +1,104 @@
+"""Criteo TSV parsing: transforms, edge cases and errors that name the file and line."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
+from conftest import KAGGLE_SAMPLE, TB_SAMPLE, needs_kaggle
+
+
+def _line(label="0", ints=None, cats=None) -> str:
+    ints = ints if ints is not None else [""] * 13
+    cats = cats if cats is not None else [""] * 26
+    return "\t".join([label, *map(str, ints), *cats])
+
+
+def _write(tmp_path: Path, text: str, name="x.tsv") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_missing_negative_and_minus_one_become_zero_before_log(tmp_path: Path) -> None:
+    ints = ["", "-1", "-3", "0", "1", "9", "", "", "", "", "", "", "1000"]
+    cats = ["68fd1e64", ""] + ["0000000a"] * 24
+    rows = read_tsv(_write(tmp_path, _line("1", ints, cats) + "\n"))
+    assert rows.labels.tolist() == [1]
+    expect = [0, 0, 0, 0, math.log(2), math.log(10), 0, 0, 0, 0, 0, 0, math.log(1001)]
+    np.testing.assert_allclose(rows.ints[0], expect, rtol=1e-6)
+    assert rows.ints.dtype == np.float32
+    assert rows.cats[0, 0] == 0x68FD1E64 and rows.cats[0, 1] == 0 and rows.cats[0, 2] == 10
+
+
+def test_trailing_newline_or_not_and_crlf_parse_the_same(tmp_path: Path) -> None:
+    a, b = _line("0", [1] * 13), _line("1", [2] * 13)
+    with_nl = read_tsv(_write(tmp_path, f"{a}\n{b}\n", "a.tsv"))
+    without = read_tsv(_write(tmp_path, f"{a}\n{b}", "b.tsv"))
+    crlf = read_tsv(_write(tmp_path, f"{a}\r\n{b}\r\n", "c.tsv"))
+    blank_end = read_tsv(_write(tmp_path, f"{a}\n{b}\n\n", "d.tsv"))
+    for r in (without, crlf, blank_end):
+        assert r.labels.tolist() == with_nl.labels.tolist() == [0, 1]
+        np.testing.assert_array_equal(r.ints, with_nl.ints)
+
+
+def test_max_rows(tmp_path: Path) -> None:
+    p = _write(tmp_path, "".join(_line(str(i % 2)) + "\n" for i in range(5)))
+    assert len(read_tsv(p, max_rows=3)) == 3
+
+
+@pytest.mark.parametrize("text,match", [
+    (_line() + "\n" + "\t".join(["0"] * 39) + "\n", r"x\.tsv:2: 39 tab-separated fields, expected 40"),
+    (_line("0", ["abc"] + [""] * 12) + "\n", r"x\.tsv:1: integer feature I1 is 'abc'"),
+    (_line() + "\n" + _line("2") + "\n", r"x\.tsv:2: label '2' is not 0 or 1"),
+    (_line("0", None, ["zz"] + [""] * 25) + "\n", r"x\.tsv:1: categorical feature C1 is 'zz'"),
+    (_line() + "\n\n" + _line() + "\n", r"x\.tsv:2: blank line"),
+    ("", r"x\.tsv: empty file"),
+    ("\n", r"x\.tsv: empty file"),
+])
+def test_bad_input_names_file_and_line(tmp_path: Path, text: str, match: str) -> None:
+    with pytest.raises(TsvFormatError, match=match):
+        read_tsv(_write(tmp_path, text))
+
+
+def test_missing_path_names_the_config_key(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="config key `data.val_path`"):
+        read_tsv(str(tmp_path / "nope.tsv"), config_key="data.val_path")
+
+
+def test_hash_to_rows_is_modulo_per_table() -> None:
+    cats = np.array([[7, 7], [2**32 - 1, 5]], dtype=np.int64)
+    np.testing.assert_array_equal(hash_to_rows(cats, [3, 10]), [[1, 7], [(2**32 - 1) % 3, 5]])
+
+
+@needs_kaggle
+def test_real_kaggle_sample() -> None:
+    rows = read_tsv(str(KAGGLE_SAMPLE))
+    assert len(rows) == 10_000
+    assert round(float(rows.labels.mean()), 3) == 0.218  # shared/data/criteo/README.md: 21.8% positives
+    assert rows.cats.max() < 2**32 and rows.ints.min() >= 0
+
+
+@pytest.mark.skipif(not TB_SAMPLE.is_file(), reason=f"{TB_SAMPLE} not found")
+def test_real_terabyte_sample() -> None:
+    rows = read_tsv(str(TB_SAMPLE))
+    assert len(rows) == 1000 and round(float(rows.labels.mean()), 3) == 0.021
+
+
+def test_check_tsv_tool(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    good = _write(tmp_path, _line("1", [1] * 13) + "\n" + _line("0") + "\n", "good.tsv")
+    bad = _write(tmp_path, _line("0") + "\n" + _line("7") + "\n", "bad.tsv")
+    ok = subprocess.run([sys.executable, "data/check_tsv.py", good], cwd=REPO, capture_output=True, text=True)
+    assert ok.returncode == 0 and "good.tsv: 2 rows, click rate 0.5000" in ok.stdout
+    assert "missing I1..I13: 0.50 0.50" in ok.stdout and "missing C1..C26: 1.00" in ok.stdout
+    fail = subprocess.run([sys.executable, "data/check_tsv.py", bad], cwd=REPO, capture_output=True, text=True)
+    assert fail.returncode == 1 and "bad.tsv:2: label '7' is not 0 or 1" in fail.stderr
