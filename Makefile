@@ -20,8 +20,10 @@ $(VENV)/.installed: requirements.txt Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PIP) install -q fbgemm-gpu-cpu==1.8.0
-	$(PIP) install -q --no-deps torchrec==1.8.0
 	$(PIP) install -q -r requirements.txt
+	@# last and without its declared deps (the CUDA fbgemm-gpu, an older torchmetrics pin): the CPU build of
+	@# fbgemm-gpu above serves it, and torchmetrics 1.9.0 is what the GPU image has too
+	$(PIP) install -q --no-deps torchrec==1.8.0
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, hydra; print('stack: torch', torch.__version__, '| torchrec', torchrec.__version__)"
 	@touch $@
 

@@ -72,30 +72,94 @@ def _clean(v: Any) -> Any:
 
 
 class MetricsLogger:
-    """Writes metric records on rank 0; a no-op elsewhere.
+    """Fans metric records out to the configured sinks, on rank 0 only (a no-op elsewhere).
+
+    Always: ``<run_dir>/metrics.jsonl``, one JSON object per record (NaN written as null). Optional, per
+    ``logger.*.enabled``: stdout lines (or a tqdm progress bar with ETA when stdout is a terminal, with the lines
+    written above it), TensorBoard scalars under ``<kind>/<key>``, and wandb.
 
     Args:
-        run_dir: where ``metrics.jsonl`` goes.
+        run_dir: where files go.
         is_main: whether this is rank 0.
-        stdout: also print one line per record.
+        cfg: the ``logger`` config.
+        total_steps: length of the progress bar.
+        run_config: the resolved config as a dict, given to wandb.
     """
 
-    def __init__(self, run_dir: str, is_main: bool, stdout: bool = True) -> None:
+    def __init__(self, run_dir: str, is_main: bool, cfg: Any = None, total_steps: int = 0,
+                 run_config: Optional[Dict[str, Any]] = None) -> None:
         self.is_main = is_main
-        self.stdout = stdout
-        self._f = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8") if is_main else None
+        self.stdout = bool(cfg.stdout.enabled) if cfg is not None else True
+        self._f = None
+        self._bar = None
+        self._tb = None
+        self._wandb = None
+        if not is_main:
+            return
+        self._f = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        if cfg is None:
+            return
+        bar = cfg.stdout.progress_bar
+        if self.stdout and total_steps and (bar or (bar is None and sys.stdout.isatty())):
+            from tqdm import tqdm
 
-    def log(self, record: Dict[str, Any], line: Optional[str] = None) -> None:
-        """Append ``record`` as one JSON line; print ``line`` (or a default rendering) to stdout."""
+            self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True, leave=True)
+        if cfg.tensorboard.enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=os.path.join(run_dir, cfg.tensorboard.dir))
+        if cfg.wandb.enabled:
+            import wandb
+
+            self._wandb = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, name=cfg.wandb.name,
+                                     mode=cfg.wandb.mode, dir=run_dir, config=run_config or {})
+
+    def advance(self, n: int = 1) -> None:
+        """Move the progress bar by ``n`` steps."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def log(self, record: Dict[str, Any], line: Optional[str] = None, kind: str = "train") -> None:
+        """Write ``record`` to every sink; ``line`` (or a default rendering) goes to stdout.
+
+        ``kind`` (``train``, ``val``, ``test``) prefixes TensorBoard and wandb keys; ``record["step"]`` is their
+        x axis.
+        """
         if not self.is_main:
             return
         assert self._f is not None
         self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self._f.flush()
-        if self.stdout:
-            print(line or " | ".join(f"{k} {v}" for k, v in record.items()), flush=True)
+        self.log_line(line or " | ".join(f"{k} {v}" for k, v in record.items()))
+        scalars = {k: float(v) for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        step = int(record.get("step", 0))
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(f"{kind}/{k}", v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log({f"{kind}/{k}": v for k, v in scalars.items()}, step=step)
+
+    def log_line(self, text: str) -> None:
+        """Print a line on rank 0 (above the progress bar if there is one); not a metrics record."""
+        if not (self.is_main and self.stdout):
+            return
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
 
     def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
         if self._f is not None:
             self._f.close()
             self._f = None

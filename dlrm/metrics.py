@@ -1,21 +1,40 @@
-"""Evaluation metrics over all ranks: exact ROC AUC and logloss.
+"""Evaluation and training metrics over all ranks: AUC, logloss, normalized entropy, accuracy, calibration.
 
-``global_auc`` gathers every rank's predictions (uneven sizes, including empty ranks, via torchmetrics'
-``gather_all_tensors``) and scores them with torchmetrics' exact ``binary_auroc``, which equals
-``sklearn.metrics.roc_auc_score`` (ties count one half). Every rank computes on the same gathered tensors, so
-every rank gets the same value. Memory is O(total evaluation rows) per rank: fine up to tens of millions of rows;
-MLPerf-sized evaluation (89 M rows) needs the bounded method of issue 5.
+Two AUC methods:
+
+- exact (:func:`global_auc`): every rank's predictions are gathered (uneven sizes and empty ranks included, via
+  torchmetrics' ``gather_all_tensors``) and scored with torchmetrics' exact ``binary_auroc``, equal to
+  ``sklearn.metrics.roc_auc_score`` (ties count one half). Memory O(total rows) on every rank.
+- histogram (:class:`AUCHistogram`): counts positives and negatives per bucket of the float32 bit pattern of
+  the predicted probability (the low 10 mantissa bits dropped: 1,040,385 buckets of relative width 2^-13, so
+  resolution is relative, fine for CTRs of 0.1% as for 50%); the counts are all-reduced (16.6 MB) and the AUC
+  is read off the two histograms, pairs in one bucket counting one half. Error against sklearn is at most half
+  the share of positive-negative pairs that share a bucket; tests check <= 1e-4 on 10^6 clustered CTR-like
+  predictions. Memory is fixed whatever the row count, so MLPerf's 89,137,319 evaluation rows fit.
+
+Why our own histogram rather than torchmetrics' binned ``BinaryAUROC(thresholds=T)``: that one keeps a
+``[N, T]`` comparison per update (O(N x T) memory and time) and uses linear thresholds, whose error is unbounded
+when predictions cluster near a small CTR.
+
+Every rank computes on the same reduced data, so every rank reports the same value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List
+import math
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 from torchmetrics.utilities.distributed import gather_all_tensors
+
+# float32 bit patterns of probabilities in [0, 1] are 0 .. 0x3F800000; dropping 10 low bits leaves 13 mantissa
+# bits per octave.
+_SHIFT = 10
+NUM_BUCKETS = (0x3F800000 >> _SHIFT) + 1
+# eval.auc_method=auto switches from exact to histogram above this many evaluation rows (all ranks).
+EXACT_AUC_MAX_ROWS = 16 * 2**20
 
 
 def _dist_on() -> bool:
@@ -42,38 +61,120 @@ def global_auc(preds: torch.Tensor, labels: torch.Tensor) -> float:
     return float(binary_auroc(preds, labels))
 
 
-@dataclass
+class AUCHistogram:
+    """Histogram AUC of probabilities (see the module docstring for the method and its error bound).
+
+    Args:
+        device: where the two int64 ``[NUM_BUCKETS]`` count vectors live.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.pos = torch.zeros(NUM_BUCKETS, dtype=torch.int64, device=device)
+        self.neg = torch.zeros(NUM_BUCKETS, dtype=torch.int64, device=device)
+
+    def reset(self) -> None:
+        self.pos.zero_()
+        self.neg.zero_()
+
+    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add probabilities in [0, 1] (float ``[n]``) with 0/1 labels ``[n]``."""
+        p = probs.detach().float().reshape(-1).clamp(0.0, 1.0).to(self.pos.device)
+        keys = p.view(torch.int32).to(torch.int64) >> _SHIFT
+        y = labels.detach().reshape(-1).to(self.pos.device) > 0.5
+        self.pos += torch.bincount(keys[y], minlength=NUM_BUCKETS)
+        self.neg += torch.bincount(keys[~y], minlength=NUM_BUCKETS)
+
+    def compute(self) -> float:
+        """AUC over all ranks (all-reduces the counts in place first); NaN when a class is absent."""
+        if _dist_on():
+            both = torch.stack([self.pos, self.neg])
+            dist.all_reduce(both)
+            self.pos.copy_(both[0])
+            self.neg.copy_(both[1])
+        pos, neg = self.pos.double(), self.neg.double()
+        n_pos, n_neg = float(pos.sum()), float(neg.sum())
+        if n_pos == 0 or n_neg == 0:
+            return float("nan")
+        neg_below = torch.cumsum(neg, 0) - neg
+        return float(((pos * neg_below).sum() + 0.5 * (pos * neg).sum()) / (n_pos * n_neg))
+
+
+def _entropy(p: float) -> float:
+    if p <= 0.0 or p >= 1.0:
+        return float("nan")
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
 class EvalAccumulator:
     """Collects one rank's evaluation outputs; :meth:`compute` reduces over all ranks.
 
-    Only rows with weight > 0 count (eval batches are padded so every rank runs the same number of steps).
+    Only rows with weight > 0 count (evaluation batches are padded so every rank runs the same number of steps).
+
+    Args:
+        device: where running sums live.
+        auc_method: ``exact`` (keep every prediction) or ``histogram`` (fixed memory).
     """
 
-    preds: List[torch.Tensor] = field(default_factory=list)
-    labels: List[torch.Tensor] = field(default_factory=list)
+    def __init__(self, device: torch.device, auc_method: str = "exact") -> None:
+        if auc_method not in ("exact", "histogram"):
+            raise ValueError(f"auc_method must be exact or histogram, got {auc_method!r}")
+        self.device = device
+        self.method = auc_method
+        # sum of BCE (nats), rows, positives, sum of predicted probabilities, correct at threshold 0.5
+        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        self.preds: List[torch.Tensor] = []
+        self.labels: List[torch.Tensor] = []
+        self.hist: Optional[AUCHistogram] = AUCHistogram(device) if auc_method == "histogram" else None
 
-    def update(self, logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor) -> None:
-        keep = weight.to(logits.device) > 0
-        self.preds.append(torch.sigmoid(logits.detach().float()[keep]))
-        self.labels.append(labels.detach().float()[keep])
-
-    def compute(self, device: torch.device) -> Dict[str, float]:
-        """``{"auc", "logloss", "samples"}`` over all ranks (the same on every rank).
-
-        logloss is the mean binary cross-entropy of the predicted probabilities, in nats.
-        """
-        preds = torch.cat(self.preds).to(device) if self.preds else torch.zeros(0, device=device)
-        labels = torch.cat(self.labels).to(device) if self.labels else torch.zeros(0, device=device)
-        sums = torch.stack([
-            torch.nn.functional.binary_cross_entropy(preds.double(), labels.double(), reduction="sum")
-            if preds.numel() else torch.zeros((), dtype=torch.float64, device=device),
-            torch.tensor(float(preds.numel()), dtype=torch.float64, device=device),
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, weight: Optional[torch.Tensor] = None) -> None:
+        """Add a batch: logits float ``[B]``, labels 0/1 ``[B]``, weight ``[B]`` (rows with 0 are ignored)."""
+        logits = logits.detach().float().reshape(-1).to(self.device)
+        labels = labels.detach().float().reshape(-1).to(self.device)
+        if weight is not None:
+            keep = weight.to(self.device) > 0
+            logits, labels = logits[keep], labels[keep]
+        probs = torch.sigmoid(logits)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double(), reduction="sum")
+        self.sums += torch.stack([
+            bce,
+            torch.tensor(float(labels.numel()), dtype=torch.float64, device=self.device),
+            labels.double().sum(),
+            probs.double().sum(),
+            ((probs >= 0.5).double() == labels.double()).double().sum(),
         ])
+        if self.hist is not None:
+            self.hist.update(probs, labels)
+        else:
+            self.preds.append(probs)
+            self.labels.append(labels)
+
+    def compute(self) -> Dict[str, float]:
+        """Metrics over all ranks, the same on every rank.
+
+        Returns:
+            ``auc``; ``logloss`` (mean BCE in nats); ``ne`` (normalized entropy: logloss divided by the entropy of
+            the mean label, < 1 beats predicting the average CTR); ``accuracy`` (threshold 0.5); ``calibration``
+            (mean prediction / mean label, 1 is calibrated); ``ctr`` (mean label); ``samples`` (int).
+        """
+        sums = self.sums.clone()
         if _dist_on():
             dist.all_reduce(sums)
-        n = float(sums[1])
+        bce, n, n_pos, p_sum, correct = (float(x) for x in sums)
+        if self.hist is not None:
+            auc = self.hist.compute()
+        else:
+            preds = torch.cat(self.preds) if self.preds else torch.zeros(0, device=self.device)
+            labels = torch.cat(self.labels) if self.labels else torch.zeros(0, device=self.device)
+            auc = global_auc(preds, labels)
+        nan = float("nan")
+        ctr = n_pos / n if n else nan
+        logloss = bce / n if n else nan
         return {
-            "auc": global_auc(preds, labels),
-            "logloss": float(sums[0]) / n if n else float("nan"),
+            "auc": auc,
+            "logloss": logloss,
+            "ne": logloss / _entropy(ctr) if n else nan,
+            "accuracy": correct / n if n else nan,
+            "calibration": (p_sum / n_pos) if n_pos else nan,
+            "ctr": ctr,
             "samples": int(n),
         }

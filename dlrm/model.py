@@ -7,10 +7,11 @@ MLPerf model never exists whole on one host); ``dense_device`` holds the MLPs.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torchrec import EmbeddingBagCollection
+from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -34,8 +35,30 @@ def table_configs(cfg: ModelConfig) -> List[EmbeddingBagConfig]:
     ]
 
 
+class DLRMTrainSkipNonFinite(DLRMTrain):
+    """``DLRMTrain`` that drops batches with non-finite inputs without a host sync (``trainer.on_nonfinite=
+    skip_batch``).
+
+    A batch whose dense features or labels hold NaN/inf, or whose labels are not 0/1, has its loss multiplied by
+    0 on the device; its inputs are zeroed first so that no NaN reaches the gradients. Zero gradients leave
+    Adagrad's weights and accumulators (dense and fused TBE alike) unchanged, so the batch is skipped on this
+    rank while every rank still runs the same collectives.
+
+    Returns ``(loss, (loss, logits, labels, ok))`` with ``ok`` a bool scalar tensor (False: batch skipped).
+    """
+
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:
+        dense, labels = batch.dense_features, batch.labels.float()
+        ok = torch.isfinite(dense).all() & ((labels == 0) | (labels == 1)).all()
+        dense = torch.where(torch.isfinite(dense), dense, torch.zeros_like(dense))
+        labels = torch.where((labels == 0) | (labels == 1), labels, torch.zeros_like(labels))
+        logits = self.model(dense, batch.sparse_features).squeeze(-1)
+        loss = self.loss_fn(logits, labels) * ok.to(logits.dtype)
+        return loss, (loss.detach(), logits.detach(), labels.detach(), ok.detach())
+
+
 def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
-                table_device: torch.device = torch.device("meta")) -> DLRMTrain:
+                table_device: torch.device = torch.device("meta"), skip_nonfinite: bool = False) -> DLRMTrain:
     """Build the unsharded model.
 
     Args:
@@ -43,6 +66,7 @@ def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
         dense_device: device of the MLP / interaction parameters (default CPU).
         table_device: device of the embedding tables; ``meta`` (default) for DMP, ``cpu`` for an unsharded
             reference model in tests.
+        skip_nonfinite: wrap in :class:`DLRMTrainSkipNonFinite` instead of ``DLRMTrain``.
 
     Returns:
         ``DLRMTrain`` whose ``forward(batch)`` returns ``(loss, (loss, logits, labels))``; logits are float32
@@ -67,4 +91,4 @@ def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
             over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
             dense_device=dense_device,
         )
-    return DLRMTrain(net)
+    return DLRMTrainSkipNonFinite(net) if skip_nonfinite else DLRMTrain(net)

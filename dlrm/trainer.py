@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,9 @@ from dlrm import data as data_mod
 from dlrm.config import Config, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
-from dlrm.metrics import EvalAccumulator
+from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
+from dlrm.mlperf_log import MlperfLogger
+from dlrm.schedule import make_scheduler
 from dlrm.model import FEATURE_NAMES, build_model
 from dlrm.sharding import dense_params, plan_rows, shard
 
@@ -61,12 +63,13 @@ class Trainer:
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
         setup_logging(info.rank, self.run_dir)
+        self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
+        self.mlperf.init_start()
+        resolved = (OmegaConf.to_container(self.raw_cfg, resolve=True) if isinstance(self.raw_cfg, DictConfig)
+                    else OmegaConf.to_container(OmegaConf.structured(cfg)))
         if info.is_main:
-            resolved = (OmegaConf.to_yaml(self.raw_cfg, resolve=True) if isinstance(self.raw_cfg, DictConfig)
-                        else OmegaConf.to_yaml(OmegaConf.structured(cfg)))
             with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as f:
-                f.write(resolved)
-        self.metrics = MetricsLogger(self.run_dir, info.is_main, cfg.logger.stdout)
+                f.write(OmegaConf.to_yaml(resolved))
 
         gb = cfg.data.global_batch_size
         if gb is not None and gb % info.world_size:
@@ -78,7 +81,7 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         t0 = time.perf_counter()
-        self.train_split, self.val_split = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
+        self.train_split, self.val_split, self.test_split = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
         self.multi_hot = (data_mod.MultiHot(cfg.model.table_rows, cfg.model.multi_hot_sizes, cfg.data.multi_hot_seed)
                           if cfg.data.multi_hot else None)
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
@@ -87,11 +90,18 @@ class Trainer:
                              f"({info.world_size}); give more rows")
         total = self.steps_per_epoch * cfg.trainer.epochs
         self.total_steps = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
-        log.info("data %s: %d train rows, %d val rows (%.1fs); %s ids per sample", cfg.data.name,
-                 len(self.train_split), len(self.val_split), time.perf_counter() - t0,
-                 sum(cfg.model.multi_hot_sizes) if self.multi_hot else len(FEATURE_NAMES))
+        ev = cfg.eval
+        self.eval_every = ev.every_n_steps or (max(1, self.steps_per_epoch // ev.per_epoch) if ev.per_epoch else 0)
+        n_eval = len(self.val_split)
+        self.auc_method = ev.auc_method if ev.auc_method != "auto" else (
+            "exact" if n_eval <= EXACT_AUC_MAX_ROWS else "histogram")
+        log.info("data %s: %d train, %d val, %s test rows (%.1fs); %s ids per sample; AUC method %s",
+                 cfg.data.name, len(self.train_split), n_eval,
+                 len(self.test_split) if self.test_split is not None else "no", time.perf_counter() - t0,
+                 sum(cfg.model.multi_hot_sizes) if self.multi_hot else len(FEATURE_NAMES), self.auc_method)
 
-        model = build_model(cfg.model, dense_device=info.device)
+        self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
+        model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=self.skip_nonfinite)
         self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size)
         opt = cfg.optimizer
         dense = KeyedOptimizerWrapper(
@@ -99,6 +109,7 @@ class Trainer:
             lambda params: torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps),
         )
         self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
+        self.scheduler = make_scheduler(self.optimizer, opt)
         pipe_cls = TrainPipelineSparseDist if cfg.pipeline.name == "sparse_dist" else TrainPipelineBase
         self.pipeline = pipe_cls(self.model, self.optimizer, info.device)
 
@@ -107,8 +118,14 @@ class Trainer:
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
         for tables, stype, kernel, ranks in plan_rows(self.plan):
             log.info("plan: %s / %s on ranks %s: %s", stype, kernel, ranks, tables)
-        log.info("batch %d per rank, %d global; %d steps/epoch, %d steps to run; run dir %s",
-                 self.batch_size, self.global_batch, self.steps_per_epoch, self.total_steps, self.run_dir)
+        log.info("batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; "
+                 "run dir %s", self.batch_size, self.global_batch, self.steps_per_epoch, self.total_steps,
+                 self.eval_every or "(end only)", self.run_dir)
+        self.metrics = MetricsLogger(self.run_dir, info.is_main, cfg.logger, self.total_steps, resolved)
+        self.mlperf.hyperparameters(
+            global_batch=self.global_batch, lr=opt.lr, eps=opt.eps, warmup=opt.warmup_steps,
+            decay_start=opt.decay_start_step, decay_steps=opt.decay_steps,
+            train_samples=len(self.train_split), eval_samples=n_eval)
 
     def _agree_run_dir(self, run_dir: str) -> str:
         """Use rank 0's run directory everywhere; remove the empty one another rank's Hydra made (its
@@ -133,89 +150,147 @@ class Trainer:
             epochs=cfg.trainer.epochs, max_steps=self.total_steps, feature_names=FEATURE_NAMES,
             multi_hot=self.multi_hot, shuffle=cfg.data.shuffle, seed=cfg.seed)
 
+    def _position(self, step: int) -> str:
+        info = self.info
+        assert info is not None
+        return data_mod.batch_position(self.train_split, step, global_batch=self.global_batch, rank=info.rank,
+                                       world_size=info.world_size, shuffle=self.cfg.data.shuffle)
+
     def fit(self) -> Dict[str, Any]:
-        """Train ``self.total_steps`` steps, validating as configured. Returns the last validation metrics."""
+        """Train up to ``self.total_steps`` steps, validating as configured (and stopping early once
+        ``eval.target_auc`` is reached); score the test split at the end. Returns the last validation record.
+
+        Raises:
+            FloatingPointError: a non-finite training loss (the message names the step, the batch's position in
+                its file on this rank, and the last finite metrics).
+        """
         if self.info is None:
             self.setup()
         cfg, info = self.cfg, self.info
         assert info is not None and self.metrics is not None
         it = self._train_iter()
         every = cfg.logger.log_every_n_steps
-        window_losses = []
-        window_start, window_steps, window_samples = time.perf_counter(), 0, 0
+        win = _Window(info.device)
         last_val: Dict[str, Any] = {}
+        self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
+        target_hit = False
+        self.mlperf.run_start()
+        self.mlperf.block_start(0.0, 0)
         self.model.train()
         while self.step < self.total_steps:
             out = self.pipeline.progress(it)
-            loss, _logits, labels = out
+            self.lr = self.optimizer.param_groups[-1]["lr"]  # the rate this step used
+            self.scheduler.step()
+            loss, logits, labels = out[0], out[1], out[2]
             self.step += 1
-            window_steps += 1
             n = int(labels.shape[0]) * info.world_size
-            window_samples += n
             self.samples_seen += n
-            window_losses.append(loss.detach())
+            win.add(loss, logits, labels, out[3] if len(out) > 3 else None, n)
+            self.metrics.advance()
             if self.step % every == 0 or self.step == self.total_steps:
-                elapsed = time.perf_counter() - window_start
-                mean_loss = self._global_mean(torch.stack(window_losses).float().mean())
-                if not math.isfinite(mean_loss):
-                    raise FloatingPointError(
-                        f"non-finite training loss {mean_loss} at step {self.step} (mean of steps "
-                        f"{self.step - window_steps + 1}..{self.step}); lower optimizer.lr or check the data")
-                rec = {
-                    "step": self.step,
-                    "epoch": self.step / self.steps_per_epoch,
-                    "loss": mean_loss,
-                    "lr": cfg.optimizer.lr,
-                    "samples_per_s": window_samples / elapsed,
-                    "samples": self.samples_seen,
-                    "time_s": time.perf_counter() - t_start,
-                }
-                self.metrics.log(rec, (
-                    f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {mean_loss:.5f} | "
-                    f"lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | {rec['time_s']:.1f}s"))
-                self.history.append(rec)
-                window_losses, window_steps, window_samples = [], 0, 0
-                window_start = time.perf_counter()
-            ev = cfg.eval.every_n_steps
-            due = (ev and self.step % ev == 0) or (cfg.eval.at_end and self.step == self.total_steps)
+                self._log_window(win, t_start)
+            due = (self.eval_every and self.step % self.eval_every == 0) or (
+                cfg.eval.at_end and self.step == self.total_steps)
             if due:
+                epoch_num = self.step / self.steps_per_epoch
+                self.mlperf.block_stop(epoch_num, self.samples_seen)
                 last_val = self.evaluate()
-                window_start = time.perf_counter()
+                target = cfg.eval.target_auc
+                if target is not None and last_val["val_auc"] >= target:
+                    target_hit = True
+                    msg = (f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
+                           f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
+                           f"{time.perf_counter() - t_start:.1f}s")
+                    log.info(msg)
+                    self.metrics.log({"step": self.step, "samples": self.samples_seen, "target_auc": target,
+                                      "target_reached": True}, msg, kind="val")
+                    break
+                if self.step < self.total_steps:
+                    self.mlperf.block_start(epoch_num, self.samples_seen)
+                win.restart_clock()
+        if target_hit and self.step % every != 0:
+            self._log_window(win, t_start)
+        if self.test_split is not None:
+            self.evaluate(self.test_split, "test")
+        self.mlperf.run_stop(success=target_hit or cfg.eval.target_auc is None, samples=self.samples_seen)
         if last_val and info.is_main:
-            print(f"final validation AUC {last_val['val_auc']:.4f} (logloss {last_val['val_logloss']:.5f}, "
-                  f"{last_val['val_samples']:,} samples) after {self.step} steps, "
-                  f"{time.perf_counter() - t_start:.1f}s", flush=True)
+            self.metrics.log_line(
+                f"final validation AUC {last_val['val_auc']:.4f} (logloss {last_val['val_logloss']:.5f}, "
+                f"{last_val['val_samples']:,} samples) after {self.step} steps, "
+                f"{time.perf_counter() - t_start:.1f}s")
         return last_val
 
-    def _global_mean(self, x: torch.Tensor) -> float:
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            x = x.clone()
-            dist.all_reduce(x)
-            x /= dist.get_world_size()
-        return float(x)
+    def _log_window(self, win: "_Window", t_start: float) -> None:
+        """Reduce the window over ranks, check it for non-finite losses, and log one record."""
+        cfg, info = self.cfg, self.info
+        assert info is not None and self.metrics is not None
+        stats = win.reduce(cfg.logger.train_auc)
+        if stats["bad_steps"]:
+            first = self.step - stats["steps"] + 1 + stats["bad_steps"][0]
+            raise FloatingPointError(
+                f"non-finite training loss at step {first} (rank {info.rank} batch: {self._position(first)}); "
+                f"last finite metrics: {self.last_train or 'none yet'}. Lower optimizer.lr, check that batch's "
+                "rows, or set trainer.on_nonfinite=skip_batch to drop batches with non-finite inputs")
+        if stats["skipped"]:
+            where = "; ".join(self._position(self.step - stats["steps"] + 1 + i) for i in stats["skipped"][:5])
+            log.warning("skipped %d batch(es) with non-finite or out-of-range inputs on rank %d: %s",
+                        len(stats["skipped"]), info.rank, where)
+        elapsed = stats["elapsed"]
+        rec = {
+            "step": self.step,
+            "epoch": self.step / self.steps_per_epoch,
+            "loss": stats["loss"],
+            "train_auc": stats["auc"],
+            "lr": self.lr,
+            "samples_per_s": stats["samples"] / elapsed,
+            "samples_per_s_per_rank": stats["samples"] / elapsed / info.world_size,
+            "step_ms": 1000.0 * elapsed / stats["steps"],
+            "peak_mem_gb": _peak_memory_gb(info.device),
+            "samples": self.samples_seen,
+            "time_s": time.perf_counter() - t_start,
+        }
+        if self.skip_nonfinite:
+            rec["skipped_batches"] = stats["skipped_global"]
+        auc = f"{rec['train_auc']:.4f}" if math.isfinite(rec["train_auc"]) else "n/a"
+        self.metrics.log(rec, (
+            f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {rec['loss']:.5f} | "
+            f"auc(win) {auc} | lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | "
+            f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s"))
+        self.last_train = {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()
+                           if k in ("step", "loss", "train_auc", "lr")}
+        self.history.append(rec)
 
     # ------------------------------------------------------------------------------------------------- eval
     @torch.no_grad()
-    def evaluate(self) -> Dict[str, Any]:
-        """Validate on the whole validation split (all ranks); logs and returns ``val_*`` metrics."""
+    def evaluate(self, split: Optional[data_mod.Split] = None, kind: str = "val") -> Dict[str, Any]:
+        """Score a split (default: validation) on all ranks; logs and returns ``<kind>_*`` metrics."""
         info = self.info
         assert info is not None and self.metrics is not None
+        split = split if split is not None else self.val_split
         t0 = time.perf_counter()
         model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
         model.eval()
-        acc = EvalAccumulator()
+        acc = EvalAccumulator(info.device, self.auc_method)
         for batch, weight in data_mod.eval_batches(
-                self.val_split, batch_size=self.eval_batch_size, rank=info.rank, world_size=info.world_size,
+                split, batch_size=self.eval_batch_size, rank=info.rank, world_size=info.world_size,
                 feature_names=FEATURE_NAMES, multi_hot=self.multi_hot):
-            _, (_, logits, labels) = model(batch.to(info.device))
-            acc.update(logits, labels, weight)
-        res = acc.compute(info.device)
+            _, out = model(batch.to(info.device))
+            weight = weight.to(info.device)
+            if len(out) > 3:  # skip_batch: rows of a batch with non-finite inputs do not count
+                weight = weight * out[3].to(weight.dtype)
+            acc.update(out[1], out[2], weight)
+        res = acc.compute()
         model.train()  # the pipeline re-attaches its pipelined forwards on the next progress()
-        rec = {"step": self.step, "samples": self.samples_seen, "val_auc": res["auc"],
-               "val_logloss": res["logloss"], "val_samples": res["samples"], "eval_s": time.perf_counter() - t0}
-        self.metrics.log(rec, f"val  {self.step:>6}/{self.total_steps} | auc {res['auc']:.4f} | "
-                              f"logloss {res['logloss']:.5f} | {res['samples']:,} samples | {rec['eval_s']:.1f}s")
+        rec: Dict[str, Any] = {"step": self.step, "samples": self.samples_seen}
+        rec.update({f"{kind}_{k}": v for k, v in res.items()})
+        rec["eval_s"] = time.perf_counter() - t0
+        self.metrics.log(rec, (
+            f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {res['auc']:.4f} | logloss {res['logloss']:.5f} | "
+            f"ne {res['ne']:.4f} | acc {res['accuracy']:.4f} | calib {res['calibration']:.3f} | "
+            f"{res['samples']:,} samples | {rec['eval_s']:.1f}s"), kind=kind)
+        if kind == "val":
+            self.mlperf.eval(self.step / self.steps_per_epoch, res["auc"], self.samples_seen)
         self.history.append(rec)
         return rec
 
@@ -223,3 +298,79 @@ class Trainer:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process in GB: CUDA allocator peak on GPU, peak resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+
+
+class _Window:
+    """Training outputs since the last log: per-step losses, skip flags, and predictions for the windowed AUC.
+
+    Everything stays on the device until :meth:`reduce`, so logging costs one sync per window, not per step.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.hist = AUCHistogram(device)
+        self.restart_clock()
+        self._clear()
+
+    def _clear(self) -> None:
+        self.losses: List[torch.Tensor] = []
+        self.oks: List[torch.Tensor] = []
+        self.logits: List[torch.Tensor] = []
+        self.labels: List[torch.Tensor] = []
+        self.samples = 0
+
+    def restart_clock(self) -> None:
+        """Start timing afresh (after an evaluation, so it does not count as training time)."""
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, ok: Optional[torch.Tensor],
+            samples: int) -> None:
+        self.losses.append(loss.detach().float().reshape(()))
+        self.oks.append(ok.detach().reshape(()) if ok is not None else torch.ones((), dtype=torch.bool,
+                                                                                    device=loss.device))
+        self.logits.append(logits.detach())
+        self.labels.append(labels.detach())
+        self.samples += samples
+
+    def reduce(self, with_auc: bool) -> Dict[str, Any]:
+        """Mean loss over the window's kept steps and all ranks, windowed AUC, the steps (0-based in the
+        window) whose loss is non-finite on any rank, and the steps this rank skipped."""
+        losses = torch.stack(self.losses)
+        oks = torch.stack(self.oks)
+        finite = torch.isfinite(losses)
+        kept = oks & finite
+        # per step: 1 where the loss is non-finite on this rank; summed over ranks below
+        vec = torch.cat([torch.where(kept, losses, torch.zeros_like(losses)).sum().reshape(1),
+                         kept.float().sum().reshape(1), (~oks).float().sum().reshape(1),
+                         ((~finite) & oks).float()]).double()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(vec)
+        bad = [i for i, v in enumerate(vec[3:].tolist()) if v > 0]
+        auc = float("nan")
+        if with_auc:
+            self.hist.reset()
+            keep = torch.repeat_interleave(kept, torch.tensor([t.numel() for t in self.logits], device=kept.device))
+            self.hist.update(torch.sigmoid(torch.cat(self.logits).float())[keep], torch.cat(self.labels)[keep])
+            auc = self.hist.compute()
+        out = {
+            "loss": float(vec[0] / vec[1]) if vec[1] > 0 else float("nan"),
+            "auc": auc,
+            "steps": len(self.losses),
+            "samples": self.samples,
+            "elapsed": max(time.perf_counter() - self.t0, 1e-9),
+            "bad_steps": bad,
+            "skipped": [i for i, ok in enumerate(oks.tolist()) if not ok],
+            "skipped_global": int(vec[2]),
+        }
+        self._clear()
+        self.restart_clock()
+        return out

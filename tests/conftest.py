@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import sys
 import traceback
@@ -34,7 +35,9 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, q: Any)
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        q.put((rank, "ok", fn(rank, world, *args)))
+        # plain pickle copies tensor data; multiprocessing's own pickler would share it through memory that
+        # vanishes when this process exits before the parent reads the queue
+        q.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
     except BaseException:  # report to the parent instead of hanging it
         q.put((rank, "error", traceback.format_exc()))
     finally:
@@ -56,7 +59,7 @@ def run_gloo(world: int, fn: Callable, *args: Any, timeout: float = 300) -> List
             rank, status, value = q.get(timeout=timeout)
             if status != "ok":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
-            out[rank] = value
+            out[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=30)

@@ -72,6 +72,11 @@ def test_bad_values_name_the_key(override: str, key: str) -> None:
         to_config(compose([override]))
 
 
+def test_a_file_path_with_synthetic_data_is_refused() -> None:
+    with pytest.raises(ConfigError, match="config key `data.train_path`: is set .* add data=criteo_tsv"):
+        to_config(compose(["data.train_path=x.tsv"]))
+
+
 def test_criteo_tsv_without_path_names_the_key() -> None:
     with pytest.raises(ConfigError, match="data.train_path"):
         to_config(compose(["data=criteo_tsv"]))

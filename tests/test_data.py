@@ -102,10 +102,12 @@ def test_eval_batches_cover_every_row_once_and_pad_with_zero_weight(n: int, worl
 
 
 def test_synthetic_is_learnable_and_deterministic() -> None:
-    cfg = DataConfig(num_train_samples=4000, num_val_samples=1000)
+    cfg = DataConfig(num_train_samples=4000, num_val_samples=1000, num_test_samples=300)
     rows = ModelConfig().table_rows
-    tr, va = D.load_synthetic(cfg, rows, seed=0)
-    tr2, _ = D.load_synthetic(cfg, rows, seed=5)
+    tr, va, te = D.load_synthetic(cfg, rows, seed=0)
+    tr2, _, _ = D.load_synthetic(cfg, rows, seed=5)
+    assert (len(tr), len(va), len(te)) == (4000, 1000, 300)
+    assert D.load_synthetic(DataConfig(num_test_samples=0), rows, seed=0)[2] is None
     assert torch.equal(tr.ids, tr2.ids) and torch.equal(tr.labels, tr2.labels)
     assert 0.15 < float(tr.labels.mean()) < 0.4
     assert (tr.ids < torch.tensor(rows)).all()

@@ -29,3 +29,35 @@ def test_output_shapes(preset: str, multi_hot: bool) -> None:
     assert torch.allclose(loss_d, expected)
     tables = model.model.sparse_arch.embedding_bag_collection.embedding_bags
     assert len(tables) == 26 and tables["t_cat_0"].weight.shape == (64, cfg.embedding_dim)
+
+
+def test_skip_nonfinite_zeroes_the_update_of_a_bad_batch_and_keeps_good_ones() -> None:
+    from torchrec.models.dlrm import DLRMTrain
+
+    cfg = to_config(compose(["model.row_cap=16"])).model
+    torch.manual_seed(0)
+    skip = build_model(cfg, torch.device("cpu"), torch.device("cpu"), skip_nonfinite=True)
+    torch.manual_seed(0)
+    plain = build_model(cfg, torch.device("cpu"), torch.device("cpu"))
+    assert type(plain) is DLRMTrain
+    g = torch.Generator().manual_seed(1)
+    split = D.Split(torch.rand(4, 13, generator=g), torch.randint(0, 3, (4, 26), generator=g),
+                    torch.tensor([0.0, 1.0, 0.0, 1.0]), "train")
+    good = D.to_batch(split, torch.arange(4), FEATURE_NAMES, None)
+    # a good batch: the same loss and gradients as torchrec's DLRMTrain
+    l1, (_, logits1, _, ok1) = skip(good)
+    l2, (_, logits2, _) = plain(good)
+    assert bool(ok1) and torch.equal(l1, l2) and torch.equal(logits1, logits2)
+    l1.backward()
+    l2.backward()
+    for (n, a), (_, b) in zip(skip.named_parameters(), plain.named_parameters()):
+        assert torch.equal(a.grad, b.grad), n
+    skip.zero_grad(set_to_none=False)
+    # a batch with a NaN feature and an out-of-range label: zero loss and zero (finite) gradients
+    split.dense[2, 5] = float("nan")
+    split.labels[1] = 2.0
+    bad = D.to_batch(split, torch.arange(4), FEATURE_NAMES, None)
+    loss, (_, logits, _, ok) = skip(bad)
+    assert not bool(ok) and float(loss) == 0.0 and torch.isfinite(logits).all()
+    loss.backward()
+    assert all(torch.count_nonzero(p.grad) == 0 for p in skip.parameters() if p.grad is not None)

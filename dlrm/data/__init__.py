@@ -42,19 +42,31 @@ class Split:
         dense: float32 ``[N, 13]``, transformed dense features.
         ids: int64 ``[N, 26]``, one row id per table (``0 <= ids[:, t] < rows[t]``).
         labels: float32 ``[N]``, 0.0 or 1.0.
-        name: ``train`` or ``val``, used in messages.
+        name: ``train``, ``val`` or ``test``, used in messages.
+        source: the file the rows came from (or ``synthetic``), for messages that point at a row.
+        first_line: 1-based line number in ``source`` of row 0.
     """
 
     dense: torch.Tensor
     ids: torch.Tensor
     labels: torch.Tensor
     name: str
+    source: str = "synthetic"
+    first_line: int = 1
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def take(self, idx: torch.Tensor) -> "Split":
-        return Split(self.dense[idx], self.ids[idx], self.labels[idx], self.name)
+    def rows(self, start: int, stop: int, name: str) -> "Split":
+        """Rows ``[start, stop)`` as a new split (views, no copy)."""
+        return Split(self.dense[start:stop], self.ids[start:stop], self.labels[start:stop], name, self.source,
+                     self.first_line + start)
+
+    def describe_rows(self, start: int, stop: int) -> str:
+        """Where rows ``[start, stop)`` are, e.g. ``train.tsv lines 101-164``."""
+        if self.source == "synthetic":
+            return f"synthetic {self.name} rows {start}-{stop - 1}"
+        return f"{self.source} lines {self.first_line + start}-{self.first_line + stop - 1}"
 
 
 class MultiHot:
@@ -154,6 +166,19 @@ def steps_per_epoch(n_rows: int, global_batch: int, world_size: int) -> int:
     return len(train_plan(n_rows, global_batch, world_size))
 
 
+def batch_position(split: Split, step: int, *, global_batch: int, rank: int, world_size: int,
+                   shuffle: bool) -> str:
+    """Where this rank's batch of training step ``step`` (1-based, as :func:`train_batches` yields) came from."""
+    plan = train_plan(len(split), global_batch, world_size)
+    epoch, i = divmod(step - 1, len(plan))
+    start, size = plan[i]
+    lo = start + rank * size
+    where = split.describe_rows(lo, lo + size)
+    if shuffle:
+        return f"epoch {epoch} batch {i}: positions {lo}-{lo + size - 1} of the epoch's shuffled order ({split.source})"
+    return f"epoch {epoch} batch {i}: {where}"
+
+
 def eval_batches(split: Split, *, batch_size: int, rank: int, world_size: int, feature_names: Sequence[str],
                  multi_hot: Optional[MultiHot]) -> Iterator[Tuple[Batch, torch.Tensor]]:
     """Yield ``(batch, weight)`` for this rank's share of an evaluation split.
@@ -182,31 +207,32 @@ def eval_batches(split: Split, *, batch_size: int, rank: int, world_size: int, f
 # Sources
 
 
-def _split_from_raw(raw: RawRows, table_rows: Sequence[int], name: str) -> Split:
+def _split_from_raw(raw: RawRows, table_rows: Sequence[int], name: str, source: str) -> Split:
     return Split(
         dense=torch.from_numpy(raw.ints),
         ids=torch.from_numpy(hash_to_rows(raw.cats, table_rows)),
         labels=torch.from_numpy(raw.labels.astype(np.float32)),
         name=name,
+        source=source,
     )
 
 
-def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, Split]:
-    """Train and validation splits from ``data.train_path`` (and ``data.val_path``, or the last
-    ``data.val_fraction`` of the training rows)."""
+def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, Split, Optional[Split]]:
+    """Train, validation and (optional) test splits: ``data.train_path`` and ``data.val_path`` (or the last
+    ``data.val_fraction`` of the training rows), and ``data.test_path``."""
     assert cfg.train_path
     raw = read_tsv(cfg.train_path, max_rows=cfg.max_rows, config_key="data.train_path")
-    train = _split_from_raw(raw, table_rows, "train")
+    train = _split_from_raw(raw, table_rows, "train", cfg.train_path)
+    test = (_split_from_raw(read_tsv(cfg.test_path, config_key="data.test_path"), table_rows, "test", cfg.test_path)
+            if cfg.test_path else None)
     if cfg.val_path:
-        val = _split_from_raw(read_tsv(cfg.val_path, config_key="data.val_path"), table_rows, "val")
-        return train, val
+        val = _split_from_raw(read_tsv(cfg.val_path, config_key="data.val_path"), table_rows, "val", cfg.val_path)
+        return train, val, test
     n_train = int(round(len(train) * (1.0 - cfg.val_fraction)))
     if n_train == 0 or n_train == len(train):
         raise ValueError(f"data.train_path {cfg.train_path!r} has {len(train)} rows: too few to hold out "
                          f"data.val_fraction={cfg.val_fraction}; give data.val_path or more rows")
-    all_idx = torch.arange(len(train))
-    return train.take(all_idx[:n_train]), Split(*[t[n_train:] for t in (train.dense, train.ids, train.labels)],
-                                                 name="val")
+    return train.rows(0, n_train, "train"), train.rows(n_train, len(train), "val"), test
 
 
 class Teacher:
@@ -237,8 +263,10 @@ class Teacher:
         return unit(dense @ self.w) + unit(bias) + 0.5 * unit(pairs)
 
 
-def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int) -> Tuple[Split, Split]:
-    """Teacher-labelled MLPerf-shaped splits of ``data.num_train_samples`` and ``data.num_val_samples`` rows.
+def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int
+                   ) -> Tuple[Split, Split, Optional[Split]]:
+    """Teacher-labelled MLPerf-shaped splits of ``data.num_train_samples``, ``data.num_val_samples`` and
+    ``data.num_test_samples`` rows (no test split when 0).
 
     Dense features are ``log(count + 1)`` of log-normal counts, ids are uniform over each table's first
     ``min(rows, 100000)`` rows. Both splits come from one generator seeded by ``data.teacher_seed`` (the
@@ -248,7 +276,7 @@ def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int) -> Tup
     vocab = [min(r, SYNTHETIC_MAX_VOCAB) for r in table_rows]
     teacher = Teacher(vocab, cfg.teacher_dim, cfg.teacher_seed)
     g = torch.Generator().manual_seed(cfg.teacher_seed + 1)
-    n = cfg.num_train_samples + cfg.num_val_samples
+    n = cfg.num_train_samples + cfg.num_val_samples + cfg.num_test_samples
     counts = torch.exp(torch.randn(n, NUM_DENSE_FEATURES, generator=g) * 1.5 + 1.0).floor()
     dense = torch.log1p(counts)
     ids = torch.stack([torch.randint(0, v, (n,), generator=g) for v in vocab], dim=1)
@@ -256,12 +284,15 @@ def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int) -> Tup
     z = (z - z.mean()) / z.std() * 2.0
     z = z - 1.6  # about 25% positives after the sigmoid draw
     labels = torch.bernoulli(torch.sigmoid(z), generator=g)
-    k = cfg.num_train_samples
-    return (Split(dense[:k], ids[:k], labels[:k], "train"), Split(dense[k:], ids[k:], labels[k:], "val"))
+    whole = Split(dense, ids, labels, "all")
+    k, v = cfg.num_train_samples, cfg.num_train_samples + cfg.num_val_samples
+    test = whole.rows(v, n, "test") if cfg.num_test_samples else None
+    return whole.rows(0, k, "train"), whole.rows(k, v, "val"), test
 
 
-def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split, Split]:
-    """Load ``(train, val)`` for ``data.name``. Row ids are already within each table's ``model.table_rows``."""
+def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split, Split, Optional[Split]]:
+    """Load ``(train, val, test or None)`` for ``data.name``. Row ids are already within each table's
+    ``model.table_rows``."""
     rows = model.table_rows
     assert len(rows) == NUM_SPARSE_FEATURES
     if data.name == "synthetic":

@@ -1,0 +1,107 @@
+"""MLPerf ``mllog`` lines for the ``dlrm_dcnv2`` benchmark, written with the ``mlperf-logging`` package.
+
+Turned on by ``logger=[stdout,jsonl,mlperf]`` (``logger.mlperf.enabled=true``); rank 0 writes
+``<run_dir>/mlperf.log``. Check a run with the package's compliance checker (ruleset 5.1.0 is the last one with
+dlrm_dcnv2)::
+
+    python -m mlperf_logging.compliance_checker --usage training --ruleset 5.1.0 <run_dir>/mlperf.log
+
+What is logged (keys from ``mlperf_logging.mllog.constants``): cache_clear, init_start/stop, the submission keys,
+the hyperparameters the dlrm_dcnv2 rules check (global_batch_size, opt_name adagrad, opt_base_learning_rate,
+opt_adagrad_learning_rate_decay 0, opt_weight_decay 0, opt_adagrad_initial_accumulator_value 0,
+opt_adagrad_epsilon, the warmup/decay steps), train_samples, eval_samples, gradient_accumulation_steps 1,
+run_start, block_start/stop per evaluation interval, eval_start/eval_accuracy/eval_stop with ``epoch_num`` as a
+fraction of the epoch (MLPerf: 0.05 ... 1.0 with 20 evaluations per epoch), run_stop with status success (target
+reached) or aborted.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+
+class MlperfLogger:
+    """Thin wrapper over ``mllog`` that is a no-op when disabled or off rank 0.
+
+    Args:
+        run_dir: where the log file goes.
+        cfg: ``logger.mlperf`` config (``enabled``, ``file``, submission fields).
+        is_main: whether this is rank 0.
+    """
+
+    def __init__(self, run_dir: str, cfg: Any, is_main: bool) -> None:
+        self.on = bool(cfg.enabled) and is_main
+        self.cfg = cfg
+        self._m = None
+        if not self.on:
+            return
+        from mlperf_logging import mllog
+
+        self.c = mllog.constants
+        path = os.path.join(run_dir, cfg.file)
+        mllog.config(filename=path, root_dir=os.path.dirname(os.path.abspath(__file__)))
+        self._m = mllog.get_mllogger()
+        # mllog also echoes every line to the root logger at INFO; metrics.jsonl and stdout already carry them.
+        self._m.logger.propagate = False
+
+    def init_start(self) -> None:
+        if self.on:
+            self._m.event(key=self.c.CACHE_CLEAR, value=True)
+            self._m.start(key=self.c.INIT_START)
+            self._m.event(key=self.c.SUBMISSION_BENCHMARK, value="dlrm_dcnv2")
+            self._m.event(key=self.c.SUBMISSION_ORG, value=self.cfg.submission_org)
+            self._m.event(key=self.c.SUBMISSION_DIVISION, value=self.cfg.submission_division)
+            self._m.event(key=self.c.SUBMISSION_STATUS, value=self.cfg.submission_status)
+            self._m.event(key=self.c.SUBMISSION_PLATFORM, value=self.cfg.submission_platform)
+
+    def hyperparameters(self, *, global_batch: int, lr: float, eps: float, warmup: int, decay_start: int,
+                        decay_steps: int, train_samples: int, eval_samples: int) -> None:
+        if not self.on:
+            return
+        c = self.c
+        values: Dict[str, Any] = {
+            c.GLOBAL_BATCH_SIZE: global_batch,
+            c.GRADIENT_ACCUMULATION_STEPS: 1,
+            c.OPT_NAME: c.ADAGRAD,
+            c.OPT_BASE_LR: lr,
+            c.OPT_ADAGRAD_LR_DECAY: 0,
+            c.OPT_WEIGHT_DECAY: 0,
+            c.OPT_ADAGRAD_INITIAL_ACCUMULATOR_VALUE: 0,
+            c.OPT_ADAGRAD_EPSILON: eps,
+            c.OPT_LR_WARMUP_STEPS: warmup,
+            c.OPT_LR_DECAY_START_STEP: decay_start,
+            c.OPT_LR_DECAY_STEPS: decay_steps,
+            c.TRAIN_SAMPLES: train_samples,
+            c.EVAL_SAMPLES: eval_samples,
+        }
+        for k, v in values.items():
+            self._m.event(key=k, value=v)
+
+    def run_start(self) -> None:
+        if self.on:
+            self._m.end(key=self.c.INIT_STOP)
+            self._m.start(key=self.c.RUN_START)
+
+    def block_start(self, epoch_num: float, samples: int) -> None:
+        if self.on:
+            self._m.start(key=self.c.BLOCK_START, metadata={"first_epoch_num": epoch_num, "epoch_count": 1,
+                                                             "samples_count": samples})
+
+    def block_stop(self, epoch_num: float, samples: int) -> None:
+        if self.on:
+            self._m.end(key=self.c.BLOCK_STOP, metadata={"first_epoch_num": epoch_num, "samples_count": samples})
+
+    def eval(self, epoch_num: float, auc: float, samples: int) -> None:
+        if self.on:
+            meta = {"epoch_num": epoch_num, "samples_count": samples}
+            self._m.start(key=self.c.EVAL_START, metadata=meta)
+            self._m.event(key=self.c.EVAL_ACCURACY, value=auc, metadata=meta)
+            self._m.end(key=self.c.EVAL_STOP, metadata=meta)
+
+    def run_stop(self, success: bool, samples: Optional[int] = None) -> None:
+        if self.on:
+            meta: Dict[str, Any] = {"status": self.c.SUCCESS if success else self.c.ABORTED}
+            if samples is not None:
+                meta["samples_count"] = samples
+            self._m.end(key=self.c.RUN_STOP, metadata=meta)

@@ -1,0 +1,124 @@
+"""Plots and a summary table from one or more run directories (their ``metrics.jsonl``).
+
+    python -m dlrm.report outputs/2026-11-30/10-00-00 outputs/2026-11-30/11-00-00 --out compare.png
+
+Draws one PNG with six panels, every run overlaid: training loss, validation AUC, validation logloss and
+windowed training AUC against samples seen, throughput (samples/s, all ranks) and learning rate. Prints a
+table: steps, samples, final and best validation AUC, test AUC, median samples/s, wall time. Without
+``--out`` the PNG goes to ``<first run dir>/report.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+
+def load_run(run_dir: str) -> List[Dict[str, Any]]:
+    """The records of ``<run_dir>/metrics.jsonl``.
+
+    Raises:
+        FileNotFoundError: no metrics.jsonl there (the message names the directory).
+    """
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; pass a run directory of train.py "
+                                "(its hydra.run.dir)")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _num(v: Any) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """``steps``, ``samples``, ``final_auc``, ``best_auc``, ``test_auc``, ``median_samples_per_s``, ``wall_s``
+    (None where the run has no such record)."""
+    train = [r for r in records if "loss" in r]
+    vals = [_num(r["val_auc"]) for r in records if "val_auc" in r]
+    vals = [v for v in vals if v is not None]
+    tests = [_num(r["test_auc"]) for r in records if "test_auc" in r]
+    speeds = [s for s in (_num(r.get("samples_per_s")) for r in train) if s is not None]
+    return {
+        "steps": max((r["step"] for r in records if "step" in r), default=None),
+        "samples": max((r.get("samples", 0) for r in records), default=None),
+        "final_auc": vals[-1] if vals else None,
+        "best_auc": max(vals) if vals else None,
+        "test_auc": tests[-1] if tests else None,
+        "median_samples_per_s": statistics.median(speeds) if speeds else None,
+        "wall_s": max((_num(r.get("time_s")) or 0.0 for r in train), default=None),
+    }
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(runs: Dict[str, List[Dict[str, Any]]]) -> str:
+    """The summary table as aligned text, one row per run."""
+    head = ["run", "steps", "samples", "final AUC", "best AUC", "test AUC", "samples/s (median)", "wall s"]
+    rows = [head]
+    for name, recs in runs.items():
+        s = summarize(recs)
+        rows.append([name, _fmt(s["steps"], "d"), _fmt(s["samples"], ",d"), _fmt(s["final_auc"], ".4f"),
+                     _fmt(s["best_auc"], ".4f"), _fmt(s["test_auc"], ".4f"),
+                     _fmt(s["median_samples_per_s"], ",.0f"), _fmt(s["wall_s"], ".1f")])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def plot(runs: Dict[str, List[Dict[str, Any]]], out: str) -> None:
+    """Write the six-panel PNG to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("loss", "training loss", "loss"), ("val_auc", "validation AUC", "val_auc"),
+              ("val_logloss", "validation logloss", "val_logloss"), ("train_auc", "training AUC (window)",
+                                                                     "train_auc"),
+              ("samples_per_s", "samples/s (all ranks)", "samples_per_s"), ("lr", "learning rate", "lr")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (key, title, _) in zip(axes.flat, panels):
+        for name, recs in runs.items():
+            pts = [(r.get("samples", 0), _num(r[key])) for r in recs if key in r]
+            pts = [(x, y) for x, y in pts if y is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None,
+                        markersize=3, label=name)
+        ax.set_title(title)
+        ax.set_xlabel("samples seen")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dlrm.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dirs", nargs="+", help="run directories (hydra.run.dir of train.py)")
+    ap.add_argument("--out", help="PNG path (default: <first run dir>/report.png)")
+    args = ap.parse_args(argv)
+    runs: Dict[str, List[Dict[str, Any]]] = {}
+    for d in args.run_dirs:
+        name = os.path.basename(os.path.normpath(d)) or d
+        while name in runs:  # two runs with the same leaf name
+            name += "'"
+        runs[name] = load_run(d)
+    out = args.out or os.path.join(args.run_dirs[0], "report.png")
+    plot(runs, out)
+    print(table(runs))
+    print(f"plots: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Evaluation cadence, early stop at a target AUC, test split, sinks (TensorBoard, wandb offline, MLPerf mllog),
+the report CLI, non-finite losses and evaluation splits smaller than the world size; end-to-end through train.py."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from dlrm.config import OptimizerConfig
+from dlrm.schedule import lr_at
+from test_train_e2e import BIN, ENV, records, run
+
+SMALL = ["data.num_train_samples=4096", "data.num_val_samples=1024", "data.num_test_samples=512",
+         "logger.log_every_n_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> Path:
+    """One run with every sink on, an MLPerf-style eval cadence and an lr schedule."""
+    d = tmp_path_factory.mktemp("full") / "run"
+    p = subprocess.run(
+        [sys.executable, "train.py", f"hydra.run.dir={d}", *SMALL, "logger=[stdout,jsonl,tensorboard,wandb,mlperf]",
+         "logger.stdout.progress_bar=true", "eval.every_n_steps=null", "eval.per_epoch=4",
+         "optimizer.warmup_steps=4", "optimizer.decay_start_step=8", "optimizer.decay_steps=4"],
+        cwd=REPO, env={**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}, capture_output=True, text=True,
+        timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (d / "stdout.txt").write_text(p.stdout + p.stderr)
+    return d
+
+
+def test_eval_cadence_test_split_and_metrics(full_run: Path) -> None:
+    recs = records(full_run)
+    vals = [r for r in recs if "val_auc" in r]
+    assert [r["step"] for r in vals] == [4, 8, 12, 16]  # 16 steps/epoch, 4 evaluations per epoch
+    tests = [r for r in recs if "test_auc" in r]
+    assert len(tests) == 1 and tests[0]["step"] == 16 and tests[0]["test_samples"] == 512
+    for key in ("val_logloss", "val_ne", "val_accuracy", "val_calibration", "val_ctr"):
+        assert isinstance(vals[-1][key], float), key
+    train = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in train] == list(range(2, 17, 2))
+    for key in ("train_auc", "samples_per_s", "samples_per_s_per_rank", "step_ms", "peak_mem_gb"):
+        assert train[-1][key] > 0, key
+    cfg = OptimizerConfig(lr=0.01, warmup_steps=4, decay_start_step=8, decay_steps=4)
+    assert [r["lr"] for r in train] == pytest.approx([lr_at(r["step"] - 1, 0.01, cfg) for r in train])
+    out = (full_run / "stdout.txt").read_text()
+    assert re.search(r"\d+/16 \[", out), "no tqdm progress bar in the output"
+    assert "final validation AUC" in out
+
+
+def test_tensorboard_and_wandb_offline_files(full_run: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ev = EventAccumulator(str(full_run / "tensorboard"))
+    ev.Reload()
+    aucs = [e.value for e in ev.Scalars("val/val_auc")]
+    jsonl = [r["val_auc"] for r in records(full_run) if "val_auc" in r]
+    assert aucs == pytest.approx(jsonl)
+    assert glob.glob(str(full_run / "wandb" / "offline-run-*" / "*.wandb"))
+
+
+def test_mlperf_log_passes_the_compliance_checker(full_run: Path) -> None:
+    log = full_run / "mlperf.log"
+    lines = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+    evals = [e for e in lines if e["key"] == "eval_accuracy"]
+    assert [e["metadata"]["epoch_num"] for e in evals] == [0.25, 0.5, 0.75, 1.0]
+    assert {e["key"] for e in lines} >= {"run_start", "run_stop", "submission_benchmark", "global_batch_size",
+                                         "opt_adagrad_epsilon", "eval_samples"}
+    p = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                        "--ruleset", "5.1.0", str(log)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert p.returncode == 0 and "SUCCESS" in (p.stdout + p.stderr), p.stdout + p.stderr
+
+
+def test_report_cli(full_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.png"
+    p = run([sys.executable, "-m", "dlrm.report", str(full_run), str(full_run), "--out", str(out)])
+    assert p.returncode == 0, p.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    final = [r["val_auc"] for r in records(full_run) if "val_auc" in r][-1]
+    rows = [line for line in p.stdout.splitlines() if line.startswith("run")]
+    assert len(rows) == 3 and f"{final:.4f}" in rows[1]  # header + two runs
+    bad = run([sys.executable, "-m", "dlrm.report", str(tmp_path)])
+    assert bad.returncode != 0 and "no metrics.jsonl" in bad.stderr
+
+
+def test_target_auc_stops_training_early(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", *SMALL, "eval.every_n_steps=2",
+             "eval.target_auc=0.6", "logger=[stdout,jsonl,mlperf]"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = records(d)
+    hit = [r for r in recs if r.get("target_reached")]
+    assert len(hit) == 1 and hit[0]["step"] < 16
+    vals = [r for r in recs if "val_auc" in r]
+    assert vals[-1]["val_auc"] >= 0.6 and all(v["val_auc"] < 0.6 for v in vals[:-1])
+    assert vals[-1]["step"] == hit[0]["step"] and hit[0]["samples"] == hit[0]["step"] * 256
+    assert "target AUC 0.6 reached" in p.stdout
+    assert '"status": "success"' in (d / "mlperf.log").read_text()
+
+
+def test_nonfinite_loss_stops_with_step_position_and_last_metrics(tmp_path: Path) -> None:
+    p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "optimizer.lr=1e30"])
+    assert p.returncode != 0
+    m = re.search(r"non-finite training loss at step (\d+) \(rank 0 batch: epoch 0 batch (\d+): "
+                  r"synthetic train rows (\d+)-(\d+)\); last finite metrics: (.*)", p.stdout + p.stderr)
+    assert m, p.stdout + p.stderr
+    step, batch, lo, hi = (int(x) for x in m.groups()[:4])
+    assert batch == step - 1 and (lo, hi) == ((step - 1) * 256, step * 256 - 1)
+
+
+def test_eval_split_smaller_than_world_size(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    p = run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d}",
+             "data.num_train_samples=2048", "data.num_val_samples=1", "data.num_test_samples=0",
+             "logger.log_every_n_steps=4"], timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    vals = [r for r in records(d) if "val_samples" in r]
+    assert vals[-1]["val_samples"] == 1 and vals[-1]["val_auc"] is None  # one row: one class, AUC undefined
