@@ -1,26 +1,49 @@
-# GPU image for the trainer (first draft): CUDA 13 runtime, Python 3.12, the stack verified on H200
-# (torch 2.11.0+cu130, fbgemm-gpu 1.6.0, torchrec 1.6.1), then this repo.
-#   docker build -t dlrm-v2 .
-#   docker run --gpus all --ipc=host dlrm-v2 torchrun --nproc_per_node 8 train.py model=dlrm_v2 model.row_cap=4000000
-# torchx: torchx run -s local_docker launch/components.py:trainer --image dlrm-v2 -j 1x8 --gpu 8 -- <overrides>
-ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
-FROM ${BASE_IMAGE}
+# syntax=docker/dockerfile:1
+# GPU image of the trainer: CUDA 13.0 on Ubuntu 24.04 (Python 3.12), the stack verified on H200
+# (torch 2.11.0+cu130, fbgemm-gpu 1.6.0, torchrec 1.6.1: the `gpu` extra of pyproject.toml), then this repo.
+#   docker build -t dlrm-v2:0.1.0 .
+#   docker run --gpus all --ipc=host dlrm-v2:0.1.0                                    # synthetic default, 1 GPU
+#   docker run --gpus all --ipc=host -v /mnt/criteo:/data:ro -v /mnt/runs:/outputs -e DLRM_OUTPUT_ROOT=/outputs \
+#       dlrm-v2:0.1.0 torchrun --standalone --nproc_per_node 8 train.py experiment=mlperf_dlrmv2 ...
+#   torchx run -s local_docker --workspace "" launch/components.py:trainer --image dlrm-v2:0.1.0 -j 1x8 --gpu 8
+# Two stages: the builder resolves and installs everything into /opt/venv (pip, caches and build tools stay
+# behind); the runtime stage is the CUDA `base` image (torch's cu130 wheels bring their own CUDA libraries as
+# nvidia-* wheels) plus the Python interpreter, the venv and the source. tests/test_launch_packaging.py checks
+# these pins against pyproject.toml and requirements.txt.
+ARG BASE_IMAGE=nvidia/cuda:13.0.1-base-ubuntu24.04
 
+FROM ${BASE_IMAGE} AS builder
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
-ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
+ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-
-# Order matters: torchrec goes in without its declared deps (they would replace fbgemm-gpu's build).
-RUN pip install --no-cache-dir torch==2.11.0 --index-url ${TORCH_INDEX_URL} \
-    && pip install --no-cache-dir fbgemm-gpu==1.6.0 --index-url ${TORCH_INDEX_URL} \
-    && pip install --no-cache-dir --no-deps torchrec==1.6.1
+# Order matters: torch and fbgemm-gpu from the CUDA 13.0 index, then torchrec without its declared
+# dependencies (they would pull another torch / fbgemm-gpu build from PyPI over these).
+RUN pip install torch==2.11.0 --index-url ${TORCH_INDEX_URL} \
+    && pip install fbgemm-gpu==1.6.0 --index-url ${TORCH_INDEX_URL} \
+    && pip install --no-deps torchrec==1.6.1
 WORKDIR /workspace/dlrm
-COPY requirements.txt .
-RUN pip install --no-cache-dir -r requirements.txt
+# Dependencies first (pyproject.toml changes less often than the code, so this layer stays cached).
+COPY pyproject.toml README.md ./
+RUN mkdir -p dlrm/data && touch dlrm/__init__.py dlrm/data/__init__.py && pip install -e . \
+    && rm -rf dlrm
 COPY . .
-RUN python -c "import torch, torchrec, fbgemm_gpu; print(torch.__version__, torchrec.__version__)"
+# Editable: the configs in conf/ are read from /workspace/dlrm, and torchx's workspace patching (COPY . . over
+# this directory) takes effect without reinstalling.
+RUN pip install --no-deps -e . \
+    && python -c "from importlib.metadata import version as v; \
+got = tuple(v(p).split('+')[0] for p in ('torch', 'fbgemm-gpu', 'torchrec')); \
+assert got == ('2.11.0', '1.6.0', '1.6.1'), f'stack drifted: torch, fbgemm-gpu, torchrec = {got}'"
+
+FROM ${BASE_IMAGE}
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 PATH=/opt/venv/bin:$PATH
+RUN apt-get update && apt-get install -y --no-install-recommends python3 \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /workspace/dlrm /workspace/dlrm
+WORKDIR /workspace/dlrm
+# CMD, not ENTRYPOINT: torchx (local_docker) passes `bash -c "torchrun ... train.py ..."` as the container's
+# command, which an ENTRYPOINT would receive as arguments.
 CMD ["python", "train.py"]

@@ -4,40 +4,15 @@
     python train.py experiment=criteo_sample data.train_path=../shared/data/criteo/kaggle_train_head10k.tsv
     torchrun --nproc_per_node 2 train.py trainer.max_steps=100
     torchx run -s local_cwd dist.ddp -j 1x2 --script train.py -- trainer.max_steps=100
+    torchx run -s local_cwd launch/components.py:trainer -j 1x2 -- trainer.max_steps=100
     python train.py --cfg job                                  # print the composed config and exit
 
-It only composes the config and hands it to ``dlrm.trainer.Trainer``; see README.md for every key.
+It only hands off to ``dlrm.cli.main`` (also the ``dlrm-train`` console script): the run directory is named from
+the job (``outputs/<torchx app id or torchrun run id>``, see ``dlrm/cli.py``), Hydra composes the config and
+``dlrm.trainer.Trainer`` runs it; see README.md for every key.
 """
 
-import os
-import sys
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
-
-from dlrm.config import register_configs
-
-register_configs()
-
-if int(os.environ.get("RANK", "0")) != 0:
-    # Only rank 0 writes into the run directory; other ranks keep Hydra from writing .hydra/ there.
-    sys.argv.append("hydra.output_subdir=null")
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    from dlrm.dist import shutdown
-    from dlrm.trainer import Trainer
-
-    trainer = Trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir)
-    try:
-        trainer.setup()
-        trainer.fit()
-    finally:
-        trainer.close()
-        shutdown()
-
+from dlrm.cli import main
 
 if __name__ == "__main__":
     main()

@@ -1,50 +1,111 @@
-"""torchx component for the DLRM-v2 trainer: ``dist.ddp`` with this project's script, defaults and NCCL env.
+"""torchx component for the DLRM-v2 trainer: ``dist.ddp`` with this project's script, NCCL env, mounts and run dir.
 
     torchx run -s local_cwd launch/components.py:trainer -j 1x2 -- trainer.max_steps=100
-    torchx run -s local_docker launch/components.py:trainer --image dlrm-v2:latest -j 1x8 --gpu 8 -- model=dlrm_v2
+    torchx run -s local_docker --workspace "" launch/components.py:trainer --image dlrm-v2:0.1.0 -j 1x8 --gpu 8 \\
+        --data /mnt/criteo --outputs /mnt/runs -- experiment=mlperf_dlrmv2 data.train_path=/data/day_0.tsv
+    torchx run -s kubernetes --workspace "" launch/components.py:trainer --image REGISTRY/dlrm-v2:0.1.0 \\
+        -j 2x8 --gpu 8 --data pvc:criteo --outputs pvc:dlrm-runs --max_retries 2 -- experiment=mlperf_dlrmv2 ...
+    torchx run -s kubernetes --dryrun --workspace "" launch/components.py:trainer ...   # print the request only
 
 The plain ``torchx run -s local_cwd dist.ddp -j 1x2 --script train.py -- <overrides>`` works too; this component
-only fills in what every launch of this trainer wants (the script, a job name, ``NCCL_NVLS_ENABLE=0`` since
-NVLink SHARP multicast has hung all-to-alls on some drivers, unbuffered output).
+fills in what every launch of this trainer wants: the script; NCCL settings (``NCCL_NVLS_ENABLE=0``: NVLink
+SHARP multicast has hung all-to-alls on some drivers; ``NCCL_DEBUG``); data and output mounts at fixed paths in
+the container (``/data`` read-only, ``/outputs``, where each job's run directory ``/outputs/<app id>`` goes, see
+``dlrm/cli.py``); and the job's restart budget. Containers only (local_docker, kubernetes): local_cwd and slurm
+run on the host's file system and ignore mounts, so there give host paths in the overrides and ``--output_root``.
+
+No ``from __future__ import annotations`` here: torchx reads the parameter annotations to build its CLI.
 """
 
-
+import re
 from typing import Dict, List, Optional
 
 import torchx.specs as specs
 from torchx.components.dist import ddp
 
 DEFAULT_ENV: Dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
+DATA_DST = "/data"
+OUTPUTS_DST = "/outputs"
+# The run-name rule of dlrm/cli.py (_NAME_OK), checked here too so a bad name fails at launch, not on the cluster.
+RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _mount(src: str, dst: str, readonly: bool) -> List[str]:
+    """torchx mount options for ``src`` (``pvc:NAME``: a Kubernetes persistent volume claim, else a host path),
+    as the list ``specs.parse_mounts`` takes: ``["type=bind", "src=/host", "dst=/data", "readonly"]``."""
+    if not src:
+        raise ValueError(f"empty mount source for {dst}; give a host directory or pvc:<claim name>")
+    kind, _, name = src.partition(":")
+    opts = ["type=volume", f"src={name}"] if kind == "pvc" and name else ["type=bind", f"src={src}"]
+    return opts + [f"dst={dst}"] + (["readonly"] if readonly else [])
 
 
 def trainer(
     *overrides: str,
     j: str = "1x2",
-    image: str = ".",
+    image: str = "dlrm-v2:latest",
     gpu: int = 0,
     cpu: int = 2,
     memMB: int = 8192,
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
+    nccl_debug: str = "WARN",
     max_retries: int = 0,
+    data: Optional[str] = None,
+    outputs: Optional[str] = None,
+    output_root: Optional[str] = None,
     mounts: Optional[List[str]] = None,
+    run_name: Optional[str] = None,
     name: str = "dlrm-v2",
 ) -> specs.AppDef:
-    """Train DLRM-v2 on ``j`` = nodes x processes per node.
+    """Train DLRM-v2 on ``j`` = nodes x processes per node (``torchrun`` on each node, one process per GPU).
 
     Args:
         overrides: Hydra overrides for train.py, e.g. ``model=dlrm_v2 trainer.max_steps=1000``.
-        j: nodes x processes per node, e.g. ``1x8`` (one process per GPU on GPU hosts).
-        image: the image (a directory for local_cwd, a Docker image for local_docker/kubernetes).
-        gpu: GPUs per node (0 on CPU-only machines).
+        j: ``[min_nodes:]nodes x processes per node``, e.g. ``1x8``, ``2x8`` (processes per node <= gpu).
+        image: Docker image for local_docker / kubernetes (built from this repo's Dockerfile); local_cwd runs
+            in the current directory and ignores it.
+        gpu: GPUs per node (0 on CPU-only machines: gloo instead of NCCL).
         cpu: CPUs per node.
         memMB: host memory per node, MB.
-        h: a named resource (overrides cpu/gpu/memMB).
-        env: extra environment variables (merged over the NCCL defaults).
-        max_retries: restarts of the whole job after a failure.
-        mounts: volume mounts for data and checkpoints, in torchx's ``type=bind,src=...,dst=...`` form.
-        name: job name.
+        h: a torchx named resource (e.g. ``aws_p5.48xlarge``); overrides cpu, gpu and memMB.
+        env: extra environment variables, merged over the defaults (``NCCL_NVLS_ENABLE=0``, ``NCCL_DEBUG``).
+        nccl_debug: ``NCCL_DEBUG`` level (``WARN``, ``INFO`` to debug hangs and timeouts, ``""`` to leave unset).
+        max_retries: times the scheduler restarts the whole job after a failure; retries write into the same
+            run directory (the app id does not change).
+        data: mounted read-only at ``/data`` (containers): a host directory, or ``pvc:<claim>`` on kubernetes.
+        outputs: mounted at ``/outputs`` (containers), a host directory or ``pvc:<claim>``; each job's run
+            directory (``metrics.jsonl``, ``config.yaml``, logs, checkpoints) is ``/outputs/<app id>``.
+        output_root: where run directories go, as the job sees it (sets ``DLRM_OUTPUT_ROOT``), e.g. a shared
+            file system path on slurm; default ``/outputs`` with ``outputs``, else ``outputs`` in the workdir.
+        mounts: more torchx mounts, ``type=bind,src=/host,dst=/job[,readonly]`` or ``type=volume,src=CLAIM,dst=..``.
+        run_name: name of the run directory instead of the app id (sets ``DLRM_RUN_NAME``).
+        name: job name; the scheduler's app id (and so the run directory) starts with it.
+
+    Raises:
+        ValueError: an empty mount source, a ``run_name`` that is not a plain directory name, or ``outputs``
+            together with a different ``output_root``.
     """
+    job_env: Dict[str, str] = dict(DEFAULT_ENV)
+    if nccl_debug:
+        job_env["NCCL_DEBUG"] = nccl_debug
+    all_mounts: List[str] = []
+    if data is not None:
+        all_mounts.extend(_mount(data, DATA_DST, readonly=True))
+    if outputs is not None:
+        if output_root not in (None, OUTPUTS_DST):
+            raise ValueError(f"--outputs mounts at {OUTPUTS_DST}; drop --output_root={output_root} or --outputs")
+        all_mounts.extend(_mount(outputs, OUTPUTS_DST, readonly=False))
+        output_root = OUTPUTS_DST
+    if output_root:
+        job_env["DLRM_OUTPUT_ROOT"] = output_root
+    if run_name is not None:
+        if not RUN_NAME_RE.fullmatch(run_name):
+            raise ValueError(f"--run_name={run_name!r} is not a plain directory name; use letters, digits, '.', "
+                             "'_' and '-'")
+        job_env["DLRM_RUN_NAME"] = run_name
+    job_env.update(env or {})
+    all_mounts += mounts or []
     return ddp(
         *overrides,
         script="train.py",
@@ -55,7 +116,7 @@ def trainer(
         gpu=gpu,
         memMB=memMB,
         j=j,
-        env={**DEFAULT_ENV, **(env or {})},
+        env=job_env,
         max_retries=max_retries,
-        mounts=mounts,
+        mounts=all_mounts or None,
     )

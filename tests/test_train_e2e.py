@@ -72,7 +72,8 @@ def test_criteo_sample_one_and_two_processes_agree(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("torchx", path=ENV["PATH"]) is None, reason="torchx is not installed")
 def test_torchx_dist_ddp_two_processes(tmp_path: Path) -> None:
     d = tmp_path / "tx"
-    p = run([str(BIN / "torchx"), "run", "-s", "local_cwd", "dist.ddp", "-j", "1x2", "--script", "train.py", "--",
+    p = run([str(BIN / "torchx"), "run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path / 'logs'}", "dist.ddp",
+             "-j", "1x2", "--script", "train.py", "--",
              f"hydra.run.dir={d}", "trainer.max_steps=20", "data.num_train_samples=10240",
              "data.num_val_samples=1024", "logger.log_every_n_steps=10"])
     assert p.returncode == 0, p.stdout + p.stderr

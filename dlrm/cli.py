@@ -1,0 +1,137 @@
+"""The trainer's command line: ``train.py`` and the ``dlrm-train`` console script (pyproject) both run :func:`main`.
+
+    python train.py trainer.max_steps=100                          # from a checkout
+    dlrm-train trainer.max_steps=100                               # after `pip install -e .`, from any directory
+    torchrun --standalone --nproc_per_node 2 train.py              # run dir outputs/<torchrun's run id>
+    torchx run -s local_cwd dist.ddp -j 1x2 --script train.py      # run dir outputs/<torchx app id>
+    DLRM_RUN_NAME=ablation3 torchrun --nproc_per_node 2 train.py   # run dir outputs/ablation3
+
+One run directory per job. Before Hydra starts (so no rank creates a directory it will not use), every rank
+derives the same ``hydra.run.dir`` from the job: ``$DLRM_OUTPUT_ROOT/<name>`` (root default ``outputs``), where
+the name is, first found: ``$DLRM_RUN_NAME`` (given by the user), the app id at the end of ``$TORCHX_JOB_ID``
+(torchx sets it on every launch, ``scheduler://session/app_id``), ``$TORCHELASTIC_RUN_ID`` (torchrun's
+``--rdzv_id``: a uuid with ``--standalone`` or a single node, the app id under torchx). A process with no job
+name (``python train.py``) keeps the config's timestamped ``outputs/<date>/<time>``. An explicit
+``hydra.run.dir=...`` on the command line always wins. Only rank 0 lets Hydra write ``.hydra/`` there.
+
+Why our own code: Hydra resolves ``hydra.run.dir`` separately in every process, and a ``${now:...}`` name differs
+between ranks that start a second apart; no Hydra or torchrun option names the directory after the job.
+"""
+
+import os
+import re
+import sys
+from typing import List, Mapping, Optional, Sequence
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from dlrm.config import register_configs
+
+RUN_NAME_ENV = "DLRM_RUN_NAME"
+OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
+DEFAULT_OUTPUT_ROOT = "outputs"
+# torchrun's default --rdzv_id (static rendezvous without an id): the same string for every job, so not a name.
+_NO_RUN_ID = {"", "none"}
+# conf/ sits beside the dlrm package in a checkout and in an editable install (`pip install -e .`); an absolute
+# path because Hydra resolves a relative one against the package (pkg://), where conf/ is not.
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+_NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def job_name(env: Mapping[str, str]) -> Optional[str]:
+    """The name every rank of this job agrees on, or ``None`` for a process started by hand.
+
+    Args:
+        env: the process environment (``os.environ``).
+
+    Returns:
+        ``$DLRM_RUN_NAME``, else the last ``/`` part of ``$TORCHX_JOB_ID``, else ``$TORCHELASTIC_RUN_ID`` unless
+        it is torchrun's placeholder ``none``; scheduler ids have characters outside ``[A-Za-z0-9._-]`` replaced
+        by ``_``.
+
+    Raises:
+        ValueError: ``$DLRM_RUN_NAME`` is not a plain directory name (``[A-Za-z0-9][A-Za-z0-9._-]*``).
+    """
+    user = env.get(RUN_NAME_ENV)
+    if user is not None:
+        if not _NAME_OK.fullmatch(user):
+            raise ValueError(f"${RUN_NAME_ENV}={user!r} is not a plain directory name; use letters, digits, "
+                             f"'.', '_' and '-' (for another parent directory set ${OUTPUT_ROOT_ENV})")
+        return user
+    for value in (env.get("TORCHX_JOB_ID", "").rstrip("/").rpartition("/")[2], env.get("TORCHELASTIC_RUN_ID", "")):
+        if value.strip().lower() not in _NO_RUN_ID:
+            return re.sub(r"[^A-Za-z0-9._-]", "_", value.strip()).lstrip(".-_") or None
+    return None
+
+
+def _has_override(argv: Sequence[str], key: str) -> bool:
+    return any(a.lstrip("+~").startswith(key + "=") for a in argv)
+
+
+def _quote(path: str) -> str:
+    """Quote a path for Hydra's override grammar (``=``, ``,``, spaces and brackets would split it)."""
+    if "'" in path or "\\" in path:
+        raise ValueError(f"${OUTPUT_ROOT_ENV}={path!r}: quotes and backslashes are not supported in the output "
+                         "root; choose another directory")
+    return f"'{path}'"
+
+
+def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
+    """Hydra overrides that place this process's output, to append to ``argv``.
+
+    Args:
+        argv: the command-line arguments (without the program name).
+        env: the process environment; ``RANK`` (default 0) tells the rank.
+
+    Returns:
+        ``hydra.output_subdir=null`` on ranks other than 0 (Hydra's ``.hydra/`` record comes from rank 0 only);
+        ``hydra.run.dir=<root>/<job_name>`` when the job has a name (see :func:`job_name`); without one, on
+        ranks other than 0, ``hydra.run.dir=<root>`` (the Trainer takes rank 0's directory, so no other rank
+        makes a timestamped one of its own), and on rank 0 the timestamped default under ``<root>`` when
+        ``$DLRM_OUTPUT_ROOT`` is set. Nothing about the run dir when ``argv`` sets ``hydra.run.dir``.
+    """
+    rank = int(env.get("RANK", "0"))
+    out: List[str] = []
+    if rank != 0 and not _has_override(argv, "hydra.output_subdir"):
+        out.append("hydra.output_subdir=null")
+    if _has_override(argv, "hydra.run.dir"):
+        return out
+    root = env.get(OUTPUT_ROOT_ENV) or DEFAULT_OUTPUT_ROOT
+    name = job_name(env)
+    if name is not None:
+        out.append(f"hydra.run.dir={_quote(os.path.join(root, name))}")
+    elif rank != 0:
+        out.append(f"hydra.run.dir={_quote(root)}")
+    elif OUTPUT_ROOT_ENV in env:
+        out.append(f"hydra.run.dir={_quote(root + '/${now:%Y-%m-%d}/${now:%H-%M-%S}')}")
+    return out
+
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def hydra_main(cfg: DictConfig) -> None:
+    """Hand the composed config to :class:`dlrm.trainer.Trainer` (set up, train, close on every exit path)."""
+    from dlrm.dist import shutdown
+    from dlrm.trainer import Trainer
+
+    trainer = Trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir)
+    try:
+        trainer.setup()
+        trainer.fit()
+    finally:
+        trainer.close()
+        shutdown()
+
+
+def main() -> None:
+    """Entry point of ``train.py`` and ``dlrm-train``: name the run directory from the job, then run Hydra."""
+    sys.argv.extend(run_dir_overrides(sys.argv[1:], os.environ))
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Launching: run-directory naming per job (dlrm/cli.py), the torchx component (launch/components.py) and its
+``.torchxconfig``, end to end under torchx local_cwd and torchrun with 2 gloo processes.
+
+    .venv/bin/python -m pytest tests/test_launch.py -q
+"""
+
+import configparser
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import yaml
+
+from conftest import REPO
+from dlrm.cli import _NAME_OK, job_name, run_dir_overrides
+from launch.components import RUN_NAME_RE, trainer
+
+BIN = Path(sys.executable).parent
+SHORT = ["trainer.max_steps=20", "data.num_train_samples=10240", "data.num_val_samples=1024",
+         "logger.log_every_n_steps=10", "eval.every_n_steps=null"]
+needs_torchx = pytest.mark.skipif(shutil.which("torchx", path=str(BIN)) is None, reason="torchx is not installed")
+
+
+def _env(**extra: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DLRM_", "TORCHX_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
+    return env
+
+
+# ------------------------------------------------------------------------------------------- run directory
+@pytest.mark.parametrize("env,name", [
+    ({}, None),
+    ({"TORCHELASTIC_RUN_ID": "none"}, None),                       # torchrun's static-rendezvous placeholder
+    ({"TORCHELASTIC_RUN_ID": "45cf2ab6-ab5f-4647-9bef-99f4d59fb395"}, "45cf2ab6-ab5f-4647-9bef-99f4d59fb395"),
+    ({"TORCHX_JOB_ID": "local_cwd://torchx/train-k2x9s8d", "TORCHELASTIC_RUN_ID": "train-k2x9s8d"}, "train-k2x9s8d"),
+    ({"TORCHX_JOB_ID": "slurm://torchx/81234", "TORCHELASTIC_RUN_ID": "81234"}, "81234"),
+    ({"TORCHX_JOB_ID": "kubernetes://torchx/ml:dlrm-v2-x1", "TORCHELASTIC_RUN_ID": "x"}, "ml_dlrm-v2-x1"),
+    ({"DLRM_RUN_NAME": "ablation.3", "TORCHX_JOB_ID": "local_cwd://torchx/train-k2"}, "ablation.3"),
+])
+def test_job_name_sources_in_order(env: Dict[str, str], name: str) -> None:
+    assert job_name(env) == name
+
+
+@pytest.mark.parametrize("bad", ["", "../up", "a/b", "-x", "a b"])
+def test_bad_run_name_is_refused_naming_the_variable(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"\$DLRM_RUN_NAME=.* is not a plain directory name"):
+        job_name({"DLRM_RUN_NAME": bad})
+    with pytest.raises(ValueError, match="--run_name"):
+        trainer(run_name=bad)
+    assert _NAME_OK.pattern == RUN_NAME_RE.pattern  # the component checks the rule the job applies
+
+
+def test_run_dir_overrides() -> None:
+    job = {"TORCHX_JOB_ID": "local_cwd://torchx/train-k2", "TORCHELASTIC_RUN_ID": "train-k2"}
+    assert run_dir_overrides([], {**job, "RANK": "0"}) == ["hydra.run.dir='outputs/train-k2'"]
+    assert run_dir_overrides([], {**job, "RANK": "1"}) == ["hydra.output_subdir=null",
+                                                           "hydra.run.dir='outputs/train-k2'"]
+    assert run_dir_overrides([], {**job, "RANK": "1", "DLRM_OUTPUT_ROOT": "/mnt/runs"}) == [
+        "hydra.output_subdir=null", "hydra.run.dir='/mnt/runs/train-k2'"]
+    # the user's hydra.run.dir wins on every rank
+    assert run_dir_overrides(["hydra.run.dir=/x"], {**job, "RANK": "0"}) == []
+    assert run_dir_overrides(["a=1", "hydra.run.dir=/x"], {**job, "RANK": "3"}) == ["hydra.output_subdir=null"]
+    # no job name: rank 0 keeps the config's timestamped default, other ranks make no directory of their own
+    assert run_dir_overrides([], {}) == []
+    assert run_dir_overrides([], {"RANK": "1", "TORCHELASTIC_RUN_ID": "none"}) == [
+        "hydra.output_subdir=null", "hydra.run.dir='outputs'"]
+    assert run_dir_overrides([], {"DLRM_OUTPUT_ROOT": "/r"}) == ["hydra.run.dir='/r/${now:%Y-%m-%d}/${now:%H-%M-%S}'"]
+    with pytest.raises(ValueError, match="DLRM_OUTPUT_ROOT"):
+        run_dir_overrides([], {**job, "DLRM_OUTPUT_ROOT": "/it's"})
+
+
+def _only_run_dir(root: Path) -> Path:
+    entries = sorted(root.iterdir())
+    assert len(entries) == 1 and entries[0].is_dir(), entries  # one run directory per job, none per rank
+    return entries[0]
+
+
+def _check_run_dir(d: Path, world: int) -> None:
+    recs = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "loss" in r] == [10, 20]
+    assert recs[0]["samples"] == 10 * 256 * world
+    assert [r["val_samples"] for r in recs if "val_auc" in r] == [1024]
+    assert sorted(p.name for p in (d / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    hydra_cfg = yaml.safe_load((d / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    assert Path(hydra_cfg["runtime"]["output_dir"]) == d and hydra_cfg["output_subdir"] == ".hydra"  # rank 0's
+
+
+def test_torchrun_two_ranks_share_one_run_dir_named_by_run_id(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", *SHORT],
+                       cwd=REPO, env=_env(DLRM_OUTPUT_ROOT=str(root)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    d = _only_run_dir(root)
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", d.name), d.name
+    _check_run_dir(d, world=2)
+    assert f"run dir {d}" in p.stdout + p.stderr
+
+
+# --------------------------------------------------------------------------------------------- component
+def test_component_appdef() -> None:
+    app = trainer("model=dlrm_v2", "trainer.max_steps=5", j="2x8", gpu=8, cpu=32, memMB=512000, max_retries=3,
+                  data="/mnt/criteo", outputs="pvc:dlrm-runs", mounts=["type=bind", "src=/ckpt", "dst=/ckpt"],
+                  env={"NCCL_DEBUG": "INFO", "X": "1"}, run_name="exp1", name="dlrm")
+    (role,) = app.roles
+    assert app.name == "dlrm" and role.image == "dlrm-v2:latest"
+    assert role.num_replicas == 2 and role.max_retries == 3
+    assert (role.resource.gpu, role.resource.cpu, role.resource.memMB) == (8, 32, 512000)
+    cmd = role.args[1]
+    assert role.entrypoint == "bash" and cmd.startswith("torchrun ")
+    assert "--nnodes 2 --nproc_per_node 8" in cmd and cmd.endswith("train.py model=dlrm_v2 trainer.max_steps=5")
+    assert {k: role.env[k] for k in ("NCCL_NVLS_ENABLE", "NCCL_DEBUG", "DLRM_OUTPUT_ROOT", "DLRM_RUN_NAME", "X")} == {
+        "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "DLRM_OUTPUT_ROOT": "/outputs", "DLRM_RUN_NAME": "exp1",
+        "X": "1"}
+    mounts = [(type(m).__name__, getattr(m, "src_path", getattr(m, "src", None)), m.dst_path, m.read_only)
+              for m in role.mounts]
+    assert mounts == [("BindMount", "/mnt/criteo", "/data", True), ("VolumeMount", "dlrm-runs", "/outputs", False),
+                      ("BindMount", "/ckpt", "/ckpt", False)]
+
+    plain = trainer(nccl_debug="").roles[0]
+    assert plain.mounts == [] and "NCCL_DEBUG" not in plain.env and "DLRM_OUTPUT_ROOT" not in plain.env
+    assert trainer(output_root="/shared/runs").roles[0].env["DLRM_OUTPUT_ROOT"] == "/shared/runs"
+    with pytest.raises(ValueError, match="--outputs mounts at /outputs"):
+        trainer(outputs="/mnt/runs", output_root="/elsewhere")
+    with pytest.raises(ValueError, match="empty mount source for /data"):
+        trainer(data="")
+
+
+def test_torchxconfig_options_are_known_to_torchx() -> None:
+    """torchx only warns about an unknown option and drops it; a typo would silently change nothing."""
+    from torchx.schedulers import get_scheduler_factories
+
+    cfg = configparser.ConfigParser()
+    cfg.optionxform = str  # type: ignore[assignment]  # torchx's options are case-sensitive
+    cfg.read(REPO / ".torchxconfig")
+    schedulers = {"local_cwd", "local_docker", "slurm", "kubernetes"}
+    assert schedulers <= set(cfg.sections())
+    factories = get_scheduler_factories()
+    for s in schedulers:
+        opts = factories[s](session_name="test").run_opts()
+        for key in cfg[s]:
+            assert opts.get(key) is not None, f".torchxconfig [{s}] {key}: not a run option of torchx's {s}"
+    assert cfg["kubernetes"]["queue"]  # required by the kubernetes scheduler
+    assert cfg["cli:run"]["scheduler"] == "local_cwd"
+    assert not [s for s in cfg.sections() if s.startswith("component:")]  # dist.ddp keeps torchx's defaults
+
+
+@needs_torchx
+def test_torchx_component_two_processes_one_run_dir_named_by_app_id(tmp_path: Path) -> None:
+    root, logs = tmp_path / "runs", tmp_path / "logs"
+    p = subprocess.run([str(BIN / "torchx"), "run", "-s", "local_cwd", "-cfg", f"log_dir={logs}",
+                        "launch/components.py:trainer", "-j", "1x2", "--output_root", str(root), "--", *SHORT],
+                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    app_id = re.search(r"local_cwd://torchx/(dlrm-v2-\w+)", p.stdout + p.stderr)
+    assert app_id, p.stdout + p.stderr
+    d = _only_run_dir(root)
+    assert d.name == app_id.group(1)
+    _check_run_dir(d, world=2)

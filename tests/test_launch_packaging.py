@@ -1,0 +1,104 @@
+"""Packaging: the Dockerfile's pins agree with pyproject.toml and requirements.txt, and ``pip install -e .`` gives a
+``dlrm-train`` console script that trains like train.py from any directory.
+
+    .venv/bin/python -m pytest tests/test_launch_packaging.py -q
+"""
+
+import json
+import re
+import site
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Dict
+
+from conftest import REPO
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+PIN = re.compile(r"([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins(lines) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for line in lines:
+        m = PIN.fullmatch(line.split("#")[0].strip())
+        if m:
+            out[_norm(m.group(1))] = m.group(2)
+    return out
+
+
+def test_dockerfile_pins_the_gpu_extra() -> None:
+    gpu = _pins(PYPROJECT["project"]["optional-dependencies"]["gpu"])
+    assert set(gpu) == {"torch", "fbgemm-gpu", "torchrec"}
+    installed = {_norm(n): v for n, v in re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)",
+                                                   DOCKERFILE)}
+    assert installed == gpu
+    asserted = re.search(r"assert got == \('([\w.]+)', '([\w.]+)', '([\w.]+)'\)", DOCKERFILE)
+    assert asserted and asserted.groups() == (gpu["torch"], gpu["fbgemm-gpu"], gpu["torchrec"])
+    # the CUDA build of the wheels matches the base image's CUDA: cu130 <-> nvidia/cuda:13.0.x
+    cuda = re.search(r"ARG BASE_IMAGE=nvidia/cuda:(\d+)\.(\d+)\.(\d+)-[\w.-]+", DOCKERFILE)
+    index = re.search(r"ARG TORCH_INDEX_URL=\S+/whl/cu(\d+)", DOCKERFILE)
+    assert cuda and index and index.group(1) == cuda.group(1) + cuda.group(2)
+    readme = (REPO / "README.md").read_text()
+    stack = f"torch {gpu['torch']} (cu{index.group(1)}), fbgemm-gpu {gpu['fbgemm-gpu']} and torchrec {gpu['torchrec']}"
+    assert stack in readme
+    assert re.search(r"docker build -t (\S+) \.\ndocker push \1\n", readme)
+    assert re.search(r"torchx run -s kubernetes [^`]*--image ", readme)
+
+
+def test_dockerfile_is_multistage_and_runs_train_py() -> None:
+    froms = re.findall(r"^FROM (\S+)", DOCKERFILE, re.M)
+    assert len(froms) == 2 and "COPY --from=builder /opt/venv /opt/venv" in DOCKERFILE
+    assert "latest" not in DOCKERFILE.split("FROM")[0]  # the base image is a fixed version
+    assert re.search(r'^CMD \["python", "train.py"\]$', DOCKERFILE, re.M)
+    # torchx passes `bash -c "torchrun ..."` as the container command; an ENTRYPOINT would swallow it
+    assert not re.search(r"^ENTRYPOINT", DOCKERFILE, re.M)
+    assert re.search(r"pip install -e \.", DOCKERFILE) and "pip install --no-deps -e ." in DOCKERFILE
+
+
+def test_pyproject_and_requirements_pin_the_same_versions() -> None:
+    reqs = _pins((REPO / "requirements.txt").read_text().splitlines())
+    project = PYPROJECT["project"]
+    base = _pins(project["dependencies"])
+    dev = _pins(project["optional-dependencies"]["dev"])
+    assert set(reqs) == set(base) | set(dev), "requirements.txt is the base dependencies plus the dev extra"
+    assert {**base, **dev} == reqs
+    assert project["scripts"] == {"dlrm-train": "dlrm.cli:main"}
+    assert {"gpu", "wandb", "dev"} <= set(project["optional-dependencies"])
+
+
+def test_train_py_runs_the_console_script_main() -> None:
+    import train  # noqa: F401  (its import must not start a run)
+    from dlrm.cli import main
+
+    assert train.main is main
+
+
+def test_editable_install_console_script_trains_from_any_directory(tmp_path: Path) -> None:
+    """``pip install -e .`` into a throwaway venv (the shared venv's packages via a .pth, nothing downloaded),
+    then ``dlrm-train`` from an empty directory: it finds conf/ and writes its run dir from the job's name."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "shared.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    p = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                        "-e", str(REPO)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "DLRM_RUN_NAME": "console", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run([str(venv / "bin" / "dlrm-train"), "trainer.max_steps=4", "logger.log_every_n_steps=2",
+                        "eval.every_n_steps=null", "data.num_train_samples=4096", "data.num_val_samples=512"],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = [json.loads(line) for line in (work / "outputs" / "console" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "loss" in r] == [2, 4]
+    assert [r["val_samples"] for r in recs if "val_auc" in r] == [512]
