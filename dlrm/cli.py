@@ -119,12 +119,14 @@ def hydra_main(cfg: DictConfig) -> None:
     from dlrm.trainer import Trainer
 
     trainer = Trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir)
+    ok = False
     try:
         trainer.setup()
         trainer.fit()
+        ok = True
     finally:
         trainer.close()
-        shutdown()
+        shutdown(barrier=ok)
 
 
 def main() -> None:

@@ -68,6 +68,15 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
     return DistInfo(rank, world, local_rank, local_world, device, backend)
 
 
-def shutdown() -> None:
+def shutdown(barrier: bool = True) -> None:
+    """Destroy the default process group.
+
+    Args:
+        barrier: first wait until every rank gets here, so that no rank tears down its gloo/NCCL pairs while a
+            peer still has traffic in flight to it (seen with gloo as ``terminate called without an active
+            exception`` at exit). Only on the success path: after a failure a peer may never arrive.
+    """
     if dist.is_available() and dist.is_initialized():
+        if barrier and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -67,7 +67,7 @@ def test_tensorboard_and_wandb_offline_files(full_run: Path) -> None:
     assert glob.glob(str(full_run / "wandb" / "offline-run-*" / "*.wandb"))
 
 
-def test_mlperf_log_passes_the_compliance_checker(full_run: Path) -> None:
+def test_mlperf_log_passes_the_compliance_checker(full_run: Path, tmp_path: Path) -> None:
     log = full_run / "mlperf.log"
     lines = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
     evals = [e for e in lines if e["key"] == "eval_accuracy"]
@@ -75,7 +75,8 @@ def test_mlperf_log_passes_the_compliance_checker(full_run: Path) -> None:
     assert {e["key"] for e in lines} >= {"run_start", "run_stop", "submission_benchmark", "global_batch_size",
                                          "opt_adagrad_epsilon", "eval_samples"}
     p = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-                        "--ruleset", "5.1.0", str(log)], capture_output=True, text=True, env=ENV, timeout=120)
+                        "--ruleset", "5.1.0", str(log)], capture_output=True, text=True, env=ENV, timeout=120,
+                       cwd=tmp_path)  # the checker writes compliance_checker.log into its cwd
     assert p.returncode == 0 and "SUCCESS" in (p.stdout + p.stderr), p.stdout + p.stderr
 
 
