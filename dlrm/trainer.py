@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
 from dlrm.config import Config, to_config
@@ -30,7 +30,7 @@ from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EvalAccumulator
 from dlrm.model import FEATURE_NAMES, build_model
-from dlrm.sharding import dense_params, plan_rows, shard
+from dlrm.sharding import dense_optimizer, format_plan, save_plan, shard
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +92,10 @@ class Trainer:
                  sum(cfg.model.multi_hot_sizes) if self.multi_hot else len(FEATURE_NAMES))
 
         model = build_model(cfg.model, dense_device=info.device)
-        self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size)
-        opt = cfg.optimizer
-        dense = KeyedOptimizerWrapper(
-            dense_params(self.model),
-            lambda params: torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps),
-        )
+        pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
+                   for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
+        self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size, pooling)
+        dense = dense_optimizer(self.model, cfg.optimizer)  # MLPs, and data_parallel tables
         self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
         pipe_cls = TrainPipelineSparseDist if cfg.pipeline.name == "sparse_dist" else TrainPipelineBase
         self.pipeline = pipe_cls(self.model, self.optimizer, info.device)
@@ -105,8 +103,9 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
-        for tables, stype, kernel, ranks in plan_rows(self.plan):
-            log.info("plan: %s / %s on ranks %s: %s", stype, kernel, ranks, tables)
+        if info.is_main:
+            log.info("%s", format_plan(self.model.plan_info))
+            save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
         log.info("batch %d per rank, %d global; %d steps/epoch, %d steps to run; run dir %s",
                  self.batch_size, self.global_batch, self.steps_per_epoch, self.total_steps, self.run_dir)
 
