@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -212,25 +212,115 @@ class OptimizerConfig:
         return self.sparse_lr if self.sparse_lr is not None else self.lr
 
 
+# TorchRec ``ShardingType`` values this trainer runs (``sharding=<name>`` presets, per-table constraints), and
+# the ``EmbeddingComputeKernel`` values of the EmbeddingBagCollection sharder (``dense`` is data_parallel's).
+SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise",
+                  "data_parallel", "grid_shard")
+SHARDING_PRESETS = ("auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel",
+                    "grid_shard")
+COMPUTE_KERNELS = ("fused", "fused_uvm", "fused_uvm_caching", "dense")
+
+
+def _check_types(values: Optional[List[str]], allowed: Sequence[str], key: str) -> None:
+    if values is None:
+        return
+    _check(len(values) > 0, key, "give at least one value, or null for no constraint")
+    bad = [v for v in values if v not in allowed]
+    _check(not bad, key, f"unknown value(s) {bad}; choose from {', '.join(allowed)}")
+
+
+@dataclass
+class TableConstraintConfig:
+    """Per-table planner constraints (TorchRec ``ParameterConstraints``), ``sharding.constraints.<table>.*``.
+
+    Fields (null: the table follows the preset / the planner):
+        sharding_types: sharding types the planner may pick for this table.
+        compute_kernels: compute kernels the planner may pick (``fused``: weights in HBM on GPU, host memory on
+            CPU; ``fused_uvm``: weights in host memory via UVM; ``fused_uvm_caching``: host memory with an HBM
+            cache; ``dense``: data_parallel only).
+        min_partition: column shard width for column_wise / table_column_wise / grid_shard, in columns; must be a
+            multiple of 4 that divides ``model.embedding_dim``.
+        pooling_factors: mean ids per sample of the table's feature (default: its ``model.multi_hot_sizes``
+            entry with ``data.multi_hot``, else 1); the planner's cost model only.
+        num_poolings / batch_sizes: TorchRec's per-feature pooling count and batch size hints (rarely needed).
+    """
+
+    sharding_types: Optional[List[str]] = None
+    compute_kernels: Optional[List[str]] = None
+    min_partition: Optional[int] = None
+    pooling_factors: Optional[List[float]] = None
+    num_poolings: Optional[List[float]] = None
+    batch_sizes: Optional[List[int]] = None
+
+    def validate(self, prefix: str) -> None:
+        _check_types(self.sharding_types, SHARDING_TYPES, f"{prefix}.sharding_types")
+        _check_types(self.compute_kernels, COMPUTE_KERNELS, f"{prefix}.compute_kernels")
+        _check(self.min_partition is None or self.min_partition > 0, f"{prefix}.min_partition",
+               "must be a positive number of columns or null")
+        _check(self.pooling_factors is None or all(x > 0 for x in self.pooling_factors),
+               f"{prefix}.pooling_factors", "every pooling factor must be positive")
+
+
 @dataclass
 class ShardingConfig:
-    """How the TorchRec planner places embedding tables.
+    """How the TorchRec planner places embedding tables (``dlrm/sharding.py``; docs/sharding.md).
 
     Fields:
-        name: ``auto`` lets the planner choose among every sharding type the backend supports.
+        name: the preset: ``auto`` lets the planner choose among every sharding type the backend supports;
+            ``table_wise``, ``row_wise``, ``column_wise``, ``table_row_wise``, ``data_parallel``,
+            ``grid_shard`` force that type on every table (per-table ``constraints`` still override).
+        sharding_types: the sharding types of the preset (null: all); set by the ``conf/sharding`` files.
+        compute_kernel: kernel of every table (null: the planner chooses; ``dense`` only with data_parallel).
+        min_partition: column shard width for every column-split table (null: TorchRec's 128, capped at the dim).
+        constraints: per-table overrides keyed by table name (``t_cat_0`` .. ``t_cat_25``), see
+            :class:`TableConstraintConfig`; add one with ``+sharding.constraints.t_cat_0.sharding_types=[row_wise]``.
         storage_reservation: fraction of device memory the planner keeps free for activations (TorchRec
             ``HeuristicalStorageReservation``; the MLPerf reference uses 0.05).
         hbm_cap_gb: device memory per rank the planner may use, in GiB (null: the device's real capacity on
-            CUDA; 0 on CPU, where tables live in host memory).
+            CUDA; required when planning for CUDA on a machine without one).
+        ddr_cap_gb: host memory per rank, in GiB (null: this host's RAM / local world size).
+        plan_path: a ``plan.json`` written by an earlier run or by ``python -m dlrm.plan``; it is used exactly
+            (no planning) after checking it matches the model, world size and device.
     """
 
     name: str = "auto"
+    sharding_types: Optional[List[str]] = None
+    compute_kernel: Optional[str] = None
+    min_partition: Optional[int] = None
+    # Typed per entry in __post_init__: OmegaConf cannot add keys to a Dict[str, <dataclass>] from the command line.
+    constraints: Dict[str, Any] = field(default_factory=dict)
     storage_reservation: float = 0.05
     hbm_cap_gb: Optional[float] = None
+    ddr_cap_gb: Optional[float] = None
+    plan_path: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(self.name == "auto", "sharding.name", f"got {self.name!r}; only sharding=auto ships so far")
+        _check(self.name in SHARDING_PRESETS, "sharding.name",
+               f"got {self.name!r}; choose sharding={'|'.join(SHARDING_PRESETS)}")
+        _check_types(self.sharding_types, SHARDING_TYPES, "sharding.sharding_types")
+        _check(self.compute_kernel is None or self.compute_kernel in COMPUTE_KERNELS, "sharding.compute_kernel",
+               f"got {self.compute_kernel!r}; choose from {', '.join(COMPUTE_KERNELS)} or null")
+        if self.compute_kernel == "dense":
+            _check(self.sharding_types == ["data_parallel"], "sharding.compute_kernel",
+                   "the dense kernel only runs data_parallel tables; use sharding=data_parallel, or a fused kernel")
+        if self.sharding_types == ["data_parallel"]:
+            _check(self.compute_kernel in (None, "dense"), "sharding.compute_kernel",
+                   f"data_parallel tables run the dense kernel, not {self.compute_kernel}; "
+                   "set sharding.compute_kernel=null")
+        _check(self.min_partition is None or self.min_partition > 0, "sharding.min_partition",
+               "must be a positive number of columns or null")
+        for table, c in list(self.constraints.items()):
+            key = f"sharding.constraints.{table}"
+            if not isinstance(c, TableConstraintConfig):
+                _check(isinstance(c, dict), key, "must be a mapping of constraint fields")
+                names = {f.name for f in dataclasses.fields(TableConstraintConfig)}
+                bad = sorted(set(c) - names)
+                _check(not bad, key, f"unknown field(s) {bad}; the fields are: {', '.join(sorted(names))}")
+                c = self.constraints[table] = TableConstraintConfig(**c)
+            c.validate(key)
         _check(0.0 <= self.storage_reservation < 1.0, "sharding.storage_reservation", "must be in [0, 1)")
+        _check(self.hbm_cap_gb is None or self.hbm_cap_gb > 0, "sharding.hbm_cap_gb", "must be positive or null")
+        _check(self.ddr_cap_gb is None or self.ddr_cap_gb > 0, "sharding.ddr_cap_gb", "must be positive or null")
 
 
 @dataclass

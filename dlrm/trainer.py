@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
 from dlrm.config import Config, to_config
@@ -30,9 +30,9 @@ from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
 from dlrm.mlperf_log import MlperfLogger
-from dlrm.schedule import make_scheduler
+from dlrm.schedule import lr_at, make_scheduler
 from dlrm.model import FEATURE_NAMES, build_model
-from dlrm.sharding import dense_params, plan_rows, shard
+from dlrm.sharding import dense_optimizer, format_plan, save_plan, shard
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +102,11 @@ class Trainer:
 
         self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
         model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=self.skip_nonfinite)
-        self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size)
+        pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
+                   for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
+        self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size, pooling)
         opt = cfg.optimizer
-        dense = KeyedOptimizerWrapper(
-            dense_params(self.model),
-            lambda params: torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps),
-        )
+        dense = dense_optimizer(self.model, cfg.optimizer)  # MLPs, and data_parallel tables
         self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
         self.scheduler = make_scheduler(self.optimizer, opt)
         pipe_cls = TrainPipelineSparseDist if cfg.pipeline.name == "sparse_dist" else TrainPipelineBase
@@ -116,8 +115,9 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
-        for tables, stype, kernel, ranks in plan_rows(self.plan):
-            log.info("plan: %s / %s on ranks %s: %s", stype, kernel, ranks, tables)
+        if info.is_main:
+            log.info("%s", format_plan(self.model.plan_info))
+            save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
         log.info("batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; "
                  "run dir %s", self.batch_size, self.global_batch, self.steps_per_epoch, self.total_steps,
                  self.eval_every or "(end only)", self.run_dir)
@@ -180,7 +180,7 @@ class Trainer:
         self.model.train()
         while self.step < self.total_steps:
             out = self.pipeline.progress(it)
-            self.lr = self.optimizer.param_groups[-1]["lr"]  # the rate this step used
+            self.lr = lr_at(self.step, cfg.optimizer.lr, cfg.optimizer)  # the dense rate this step used
             self.scheduler.step()
             loss, logits, labels = out[0], out[1], out[2]
             self.step += 1

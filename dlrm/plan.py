@@ -1,0 +1,90 @@
+"""Plan a job without training: the TorchRec planner on the meta device, for any world size, on any machine.
+
+    python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=131.3 data.global_batch_size=65536
+    python -m dlrm.plan sharding=row_wise world_size=4 local_world_size=2 out=plan.json
+    python train.py sharding.plan_path=plan.json ...          # then train with exactly that plan
+
+Arguments are the trainer's Hydra overrides plus ``world_size=N`` (default 1), ``local_world_size=N`` (default:
+the world size, i.e. one host) and ``out=<file>`` (write ``plan.json``). ``device=cuda`` plans for GPUs
+(``sharding.hbm_cap_gb`` is required where no GPU is visible); ``device=cpu`` or ``auto`` plans for this
+machine's kind. The per-rank batch is ``data.global_batch_size / world_size`` when set, else
+``data.batch_size``, as in the trainer. Prints the plan table and the estimated memory per rank; exits 2 with
+the message on a config or plan error. No process group and no table memory are needed: tables stay on meta.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from dlrm.config import ConfigError, compose, to_config
+from dlrm.model import FEATURE_NAMES, build_model
+from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
+
+OWN_KEYS = ("world_size", "local_world_size", "out")
+
+
+def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
+    own, overrides = {}, []
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if eq and key in OWN_KEYS:
+            own[key] = value
+        else:
+            overrides.append(a)
+    return own, overrides
+
+
+def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Optional[int] = None) -> PlanInfo:
+    """Compose the config and plan its model for ``world_size`` ranks (``local_world_size`` per host).
+
+    Raises:
+        ConfigError / PlanError: a bad config or an impossible plan; the message names the key or table.
+    """
+    cfg = to_config(compose(list(overrides)))
+    if world_size < 1:
+        raise ConfigError("config key `world_size`: must be >= 1")
+    local = local_world_size or world_size
+    if cfg.device == "cuda":
+        device = torch.device("cuda")
+    elif cfg.device == "cpu":
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gb = cfg.data.global_batch_size
+    if gb is not None and gb % world_size:
+        raise ConfigError(f"config key `data.global_batch_size`: {gb} does not divide over {world_size} ranks")
+    batch = gb // world_size if gb else cfg.data.batch_size
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    fuse_embedding_optimizer(model, cfg.optimizer)
+    pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
+               for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
+    return plan_model(model, cfg.sharding, world_size=world_size, local_world_size=local, device=device,
+                      batch_size=batch, sparse_type=cfg.optimizer.sparse_type, pooling_factors=pooling)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    # TorchRec's planner warns about meta-device dry runs and direct Topology construction: noise here.
+    logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    own, overrides = _split_args(sys.argv[1:] if argv is None else argv)
+    try:
+        pi = plan_job(overrides, int(own.get("world_size", 1)),
+                      int(own["local_world_size"]) if "local_world_size" in own else None)
+    except (ConfigError, PlanError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_plan(pi))
+    if "out" in own:
+        save_plan(pi, own["out"])
+        print(f"wrote {own['out']} (train with it: sharding.plan_path={own['out']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
