@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.types import ShardingPlan
@@ -46,12 +46,15 @@ def topology(info: DistInfo, cfg: ShardingConfig) -> Topology:
                     compute_device=info.device.type, **kwargs)
 
 
-def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch_size: int) -> ShardingPlan:
-    """Plan every sharded module collectively (rank 0 plans, the plan is broadcast)."""
+def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch_size: int,
+              constraints: Optional[Dict[str, ParameterConstraints]] = None) -> ShardingPlan:
+    """Plan every sharded module collectively (rank 0 plans, the plan is broadcast). ``constraints``: per-table
+    planner constraints (e.g. host offload from ``dlrm.offload.offload_constraints``)."""
     planner = EmbeddingShardingPlanner(
         topology=topology(info, cfg),
         batch_size=batch_size,
         storage_reservation=HeuristicalStorageReservation(percentage=cfg.storage_reservation),
+        constraints=constraints,
         debug=False,
     )
     sharders = get_default_sharders()
@@ -77,10 +80,11 @@ def plan_rows(plan: ShardingPlan) -> List[Tuple[str, str, str, str]]:
 
 
 def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: OptimizerConfig,
-          batch_size: int) -> Tuple[DistributedModelParallel, ShardingPlan]:
+          batch_size: int, constraints: Optional[Dict[str, ParameterConstraints]] = None
+          ) -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners)."""
     fuse_embedding_optimizer(model, opt)
-    plan = make_plan(model, info, cfg, batch_size)
+    plan = make_plan(model, info, cfg, batch_size, constraints)
     dmp = DistributedModelParallel(module=model, device=info.device, plan=plan)
     return dmp, plan
 
