@@ -92,7 +92,7 @@ def _retarget(name: str, module: torch.nn.Module, group: dist.ProcessGroup) -> i
             if pg is group:
                 n += 1
                 continue
-            ranks = dist.get_process_group_ranks(pg)
+            ranks = dist.get_process_group_ranks(pg)  # the default group's ranks, or a twin's
             if ranks != want:
                 raise NotImplementedError(
                     f"the input dist of `{name}` runs on a sub-group of ranks {ranks} (2D parallel or a "
@@ -103,7 +103,7 @@ def _retarget(name: str, module: torch.nn.Module, group: dist.ProcessGroup) -> i
     return n
 
 
-def use_group_for_input_dist(model: torch.nn.Module, group: dist.ProcessGroup) -> int:
+def use_group_for_input_dist(model: torch.nn.Module, group: dist.ProcessGroup, replace: bool = False) -> int:
     """Make every input-dist all-to-all of every sharded module in ``model`` run on ``group``.
 
     Input dists that already exist are retargeted now; the ones TorchRec builds on the first batch are
@@ -111,14 +111,17 @@ def use_group_for_input_dist(model: torch.nn.Module, group: dist.ProcessGroup) -
 
     Args:
         model: the DMP-wrapped model (or any module tree holding TorchRec sharded modules).
-        group: a process group over the same ranks, in the same order, as the sharding env's group.
+        group: a process group over the same ranks, in the same order, as the sharding env's group
+            (``dist.group.WORLD`` puts the input dist back on the default group).
+        replace: allow switching a model that was already hooked to another group (A/B benchmarks do this
+            between repeats, with no batch in flight).
 
     Returns:
         The number of sharded modules hooked.
 
     Raises:
         RuntimeError: a sharded module lacks the private TorchRec hooks this relies on (TorchRec changed), or
-            was already hooked with another group.
+            was already hooked with another group and ``replace`` is false.
         NotImplementedError: an input dist runs on a sub-group (2D parallel).
     """
     hooked = 0
@@ -126,21 +129,19 @@ def use_group_for_input_dist(model: torch.nn.Module, group: dist.ProcessGroup) -
         if not isinstance(module, ShardedModule):
             continue
         _check_private_api(name, module)
-        prev = getattr(module, _HOOK_ATTR, None)
-        if prev is not None:
-            if prev is not group:
-                raise RuntimeError(f"sharded module `{name}` already sends its input dist on another group")
-            hooked += 1
-            continue
-        create = module._create_input_dist
+        prev = module.__dict__.get(_HOOK_ATTR)
+        if prev is not None and prev is not group and not replace:
+            raise RuntimeError(f"sharded module `{name}` already sends its input dist on another group")
+        if prev is None:
+            create = module._create_input_dist
 
-        def create_and_retarget(*args, _create=create, _name=name, _module=module, **kwargs):
-            out = _create(*args, **kwargs)
-            _retarget(_name, _module, group)
-            return out
+            def create_and_retarget(*args, _create=create, _name=name, _module=module, **kwargs):
+                out = _create(*args, **kwargs)
+                _retarget(_name, _module, _module.__dict__[_HOOK_ATTR])
+                return out
 
-        # an instance attribute shadows the class method for this module only
-        module.__dict__["_create_input_dist"] = create_and_retarget
+            # an instance attribute shadows the class method for this module only
+            module.__dict__["_create_input_dist"] = create_and_retarget
         module.__dict__[_HOOK_ATTR] = group
         _retarget(name, module, group)
         hooked += 1
