@@ -325,14 +325,61 @@ class ShardingConfig:
 
 @dataclass
 class PipelineConfig:
-    """The training loop driver. ``sparse_dist`` is TorchRec's ``TrainPipelineSparseDist``, which overlaps the
-    next batch's host-to-device copy and KJT input dist with this batch's forward/backward."""
+    """The training loop driver (``dlrm/pipeline.py`` builds it).
+
+    Fields:
+        name: ``sparse_dist`` (TorchRec ``TrainPipelineSparseDist``: batch i+1's host-to-device copy and KJT
+            input dist overlap batch i), ``prefetch`` (``PrefetchTrainPipelineSparseDist``: also prefetches batch
+            i+1's rows into the ``fused_uvm_caching`` HBM cache on its own stream; needs CUDA) or ``base``
+            (``TrainPipelineBase``: no overlap, for debugging).
+        input_dist_group: ``shared`` sends the input dist's all-to-alls on the default process group;
+            ``dedicated`` on one extra group over the same ranks created at start-up (its own NCCL communicator and
+            stream, so the next batch's keys do not queue behind this step's output dist, backward all-to-all and
+            DDP all-reduce; ``dlrm/comms.py``).
+    """
 
     name: str = "sparse_dist"
+    input_dist_group: str = "shared"
 
     def __post_init__(self) -> None:
-        _check(self.name in ("sparse_dist", "base"), "pipeline.name",
-               f"got {self.name!r}; use sparse_dist or base (plain loop, no overlap, for debugging)")
+        _check(self.name in ("sparse_dist", "prefetch", "base"), "pipeline.name",
+               f"got {self.name!r}; use sparse_dist, prefetch (uvm caching, CUDA) or base (plain loop, no overlap, "
+               "for debugging)")
+        _check(self.input_dist_group in ("shared", "dedicated"), "pipeline.input_dist_group",
+               f"got {self.input_dist_group!r}; use shared or dedicated")
+
+
+@dataclass
+class OffloadConfig:
+    """Embedding tables in host memory (``dlrm/offload.py``), through planner constraints on the compute kernel.
+
+    Fields:
+        name: ``none`` (the planner decides; tables in HBM when they fit), ``uvm`` (``fused_uvm``: the table in
+            host memory, read over the bus by the TBE kernels) or ``uvm_caching`` (``fused_uvm_caching``: the table
+            in host memory plus an HBM cache of ``cache_load_factor`` x its rows; needs ``pipeline=prefetch`` so
+            batch i+1's rows are fetched into the cache on their own stream during batch i). Both need CUDA to train.
+        min_table_rows: offload only tables with at least this many rows (0: every table).
+        min_table_mb: offload only tables whose fp32 weights take at least this many MiB (0: no byte threshold);
+            a table must pass both thresholds.
+        cache_load_factor: HBM cache size as a fraction of the table's rows (FBGEMM ``cache_load_factor``;
+            ``uvm_caching`` only).
+        cache_algorithm: ``lru`` or ``lfu`` (FBGEMM ``CacheAlgorithm``; ``uvm_caching`` only).
+    """
+
+    name: str = "none"
+    min_table_rows: int = 0
+    min_table_mb: float = 0.0
+    cache_load_factor: float = 0.2
+    cache_algorithm: str = "lru"
+
+    def __post_init__(self) -> None:
+        _check(self.name in ("none", "uvm", "uvm_caching"), "offload.name",
+               f"got {self.name!r}; use offload=none, offload=uvm or offload=uvm_caching")
+        _check(self.min_table_rows >= 0, "offload.min_table_rows", "must be >= 0")
+        _check(self.min_table_mb >= 0, "offload.min_table_mb", "must be >= 0")
+        _check(0.0 < self.cache_load_factor <= 1.0, "offload.cache_load_factor", "must be in (0, 1]")
+        _check(self.cache_algorithm in ("lru", "lfu"), "offload.cache_algorithm",
+               f"got {self.cache_algorithm!r}; use lru or lfu")
 
 
 @dataclass
@@ -478,6 +525,7 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -486,6 +534,10 @@ class Config:
 
     def __post_init__(self) -> None:
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"got {self.device!r}; use auto, cpu or cuda")
+        if self.offload.name == "uvm_caching":
+            _check(self.pipeline.name == "prefetch", "pipeline.name",
+                   f"offload=uvm_caching trains with the prefetch pipeline (cache rows of batch i+1 fetched during "
+                   f"batch i), got pipeline={self.pipeline.name}; add pipeline=prefetch")
 
 
 def register_configs() -> None:

@@ -22,7 +22,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from dlrm.config import ConfigError, compose, to_config
-from dlrm.model import FEATURE_NAMES, build_model
+from dlrm.model import FEATURE_NAMES, build_model, table_configs
+from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
 
 OWN_KEYS = ("world_size", "local_world_size", "out")
@@ -63,8 +64,10 @@ def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Op
     fuse_embedding_optimizer(model, cfg.optimizer)
     pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
                for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
+    tables = table_configs(cfg.model)
     return plan_model(model, cfg.sharding, world_size=world_size, local_world_size=local, device=device,
-                      batch_size=batch, sparse_type=cfg.optimizer.sparse_type, pooling_factors=pooling)
+                      batch_size=batch, sparse_type=cfg.optimizer.sparse_type, pooling_factors=pooling,
+                      constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 PLAN_FORMAT = "dlrm-plan/1"
 GiB = 2**30
+# Rewrites the per-table planner constraints (table name -> ParameterConstraints) before planning.
+ConstraintHook = Callable[[Dict[str, ParameterConstraints]], Dict[str, ParameterConstraints]]
 # Kernels that keep the weights in device memory (HBM) on CUDA; FBGEMM's TBE needs dim % 4 == 0 for all fused ones.
 FUSED_KERNELS = ("fused", "fused_uvm", "fused_uvm_caching")
 WHOLE_TABLE_TYPES = (ShardingType.TABLE_WISE.value, ShardingType.DATA_PARALLEL.value)
@@ -310,7 +312,8 @@ class PlanInfo:
 
 def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, local_world_size: int,
                device: torch.device, batch_size: int, sparse_type: str = "adagrad",
-               pooling_factors: Optional[Dict[str, float]] = None) -> PlanInfo:
+               pooling_factors: Optional[Dict[str, float]] = None,
+               constraint_hook: Optional[ConstraintHook] = None) -> PlanInfo:
     """Plan ``model`` (tables on the meta device) in this process; no process group needed.
 
     Args:
@@ -321,6 +324,8 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
         batch_size: samples per rank per step.
         sparse_type: ``optimizer.sparse_type``, for the memory check.
         pooling_factors: table -> mean ids per sample (the MLPerf multi-hot sizes).
+        constraint_hook: rewrites the per-table constraints after the ``sharding.*`` ones are built (host offload
+            sets kernels and cache parameters this way: ``dlrm.offload.offload_constraints``).
 
     Raises:
         PlanError: see :func:`build_constraints`, :func:`load_plan`; a table that cannot fit; no plan found.
@@ -332,6 +337,8 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
         return load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap)
     sharder = EmbeddingBagSharder()
     constraints = build_constraints(cfg, tables, device.type, pooling_factors, sharder)
+    if constraint_hook is not None:
+        constraints = constraint_hook(constraints)
     _check_fits(tables, constraints, topo, cfg, sparse_type)
     stats = _CaptureStats()
     planner = EmbeddingShardingPlanner(
@@ -364,14 +371,16 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
 
 
 def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch_size: int,
-              sparse_type: str = "adagrad", pooling_factors: Optional[Dict[str, float]] = None) -> PlanInfo:
+              sparse_type: str = "adagrad", pooling_factors: Optional[Dict[str, float]] = None,
+              constraint_hook: Optional[ConstraintHook] = None) -> PlanInfo:
     """Plan on rank 0 and broadcast (the planner is deterministic, but one plan must be used by all ranks).
 
     Config checks run on every rank first; a planner error on rank 0 is broadcast and raised on every rank
     (no rank is left waiting).
     """
     kwargs = dict(world_size=info.world_size, local_world_size=info.local_world_size, device=info.device,
-                  batch_size=batch_size, sparse_type=sparse_type, pooling_factors=pooling_factors)
+                  batch_size=batch_size, sparse_type=sparse_type, pooling_factors=pooling_factors,
+                  constraint_hook=constraint_hook)
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return plan_model(model, cfg, **kwargs)  # type: ignore[arg-type]
     if cfg.plan_path is None:
@@ -390,13 +399,14 @@ def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch
 
 def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: OptimizerConfig,
           batch_size: int, pooling_factors: Optional[Dict[str, float]] = None,
+          constraint_hook: Optional[ConstraintHook] = None,
           ) -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners).
 
     Returns ``(dmp, plan)``; the planner's estimates are on ``dmp.plan_info`` (:class:`PlanInfo`).
     """
     fuse_embedding_optimizer(model, opt)
-    info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors)
+    info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
     dmp = DistributedModelParallel(module=model, device=info.device, plan=info_.plan, sharders=sharders())
     dmp.plan_info = info_  # type: ignore[attr-defined]
     return dmp, info_.plan

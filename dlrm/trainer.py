@@ -21,7 +21,6 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
@@ -31,7 +30,9 @@ from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
 from dlrm.mlperf_log import MlperfLogger
 from dlrm.schedule import lr_at, make_scheduler
-from dlrm.model import FEATURE_NAMES, build_model
+from dlrm.model import FEATURE_NAMES, build_model, table_configs
+from dlrm.offload import check_can_train, offload_constraints
+from dlrm.pipeline import build_pipeline
 from dlrm.sharding import dense_optimizer, format_plan, save_plan, shard
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.info = info = init_distributed(cfg.device)
+        check_can_train(cfg.offload, info.device)  # before loading data: offload needs CUDA
         self.run_dir = self._agree_run_dir(self.run_dir)
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
@@ -104,13 +106,14 @@ class Trainer:
         model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=self.skip_nonfinite)
         pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
                    for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
-        self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size, pooling)
+        tables = table_configs(cfg.model)
+        self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size, pooling,
+                                      constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c))
         opt = cfg.optimizer
         dense = dense_optimizer(self.model, cfg.optimizer)  # MLPs, and data_parallel tables
         self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
         self.scheduler = make_scheduler(self.optimizer, opt)
-        pipe_cls = TrainPipelineSparseDist if cfg.pipeline.name == "sparse_dist" else TrainPipelineBase
-        self.pipeline = pipe_cls(self.model, self.optimizer, info.device)
+        self.pipeline = build_pipeline(self.model, self.optimizer, info.device, cfg.pipeline)
 
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",

@@ -21,10 +21,12 @@ def test_every_shipped_config_composes(group: str, option: str) -> None:
     overrides = [f"{group}={option}"]
     if (group, option) in {("data", "criteo_tsv"), ("experiment", "criteo_sample")}:
         overrides.append("data.train_path=x.tsv")  # required key; the file is only opened at run time
+    if (group, option) == ("offload", "uvm_caching"):
+        overrides.append("pipeline=prefetch")  # uvm_caching trains with the prefetch pipeline
     cfg = to_config(compose(overrides))
     if group == "model":
         assert cfg.model.name == option
-    elif group in ("data", "pipeline", "sharding"):
+    elif group in ("data", "pipeline", "sharding", "offload"):
         assert getattr(cfg, group).name == option
 
 

@@ -96,3 +96,16 @@ def test_bad_input_fails_fast_with_file_and_line(tmp_path: Path, content, overri
     assert p.returncode != 0
     import re
     assert re.search(match, p.stdout + p.stderr), p.stdout + p.stderr
+
+
+def test_dedicated_input_dist_group_trains_and_offload_needs_cuda(tmp_path: Path) -> None:
+    d = tmp_path / "ded"
+    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", "device=cpu", "pipeline.input_dist_group=dedicated",
+             "trainer.max_steps=10", "logger.log_every_n_steps=5", "data.num_train_samples=2560",
+             "data.num_val_samples=1024", "data.num_test_samples=0"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [r["step"] for r in records(d) if "loss" in r] == [5, 10]
+    assert "input dist of 1 sharded module(s) on a dedicated process group" in p.stdout + p.stderr
+    p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'uvm'}", "device=cpu", "offload=uvm"])
+    assert p.returncode != 0
+    assert "config key `offload.name`: offload=uvm needs CUDA" in p.stdout + p.stderr, p.stdout + p.stderr

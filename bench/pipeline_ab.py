@@ -1,0 +1,415 @@
+"""A/B benchmark of the pipelined trainer: dedicated input-dist group, host offload, all-to-all under offload traffic.
+
+Per configuration it runs ``--repeats`` (>= 5) timed repeats of ``--steps`` (>= 200) steps, alternating the
+configurations of a suite repeat by repeat (ABBA order, so slow drift cancels), and reports the median, min, max
+and spread of ms/step (the slowest rank's time: a step is collective). Every repeat: ``--warmup`` untimed steps,
+a barrier and a device synchronize, the timed steps (synchronize-based wall time), then the batches still in
+flight are drained untimed. Batches are synthetic, generated once on the device before timing (uniform random
+ids, MLPerf multi-hot sizes), so no KJT is built in Python inside the timed loop; ``--host-batches`` keeps them
+in pinned host memory instead, so the pipeline's host-to-device copy (its own stream) is part of each step.
+The TorchRec pipelines run the input dist and the ``fused_uvm_caching`` prefetch on their own streams.
+
+Suites (``--suite``, several allowed):
+  input_group  shared vs dedicated input-dist group (``dlrm/comms.py``), per sharding type (``--sharding-types``,
+               default table_wise row_wise) and per-GPU batch (``--batch-sizes``, default 8192 32768); the same
+               model toggles its group between repeats, so A and B share memory layout and data.
+  offload      all tables in HBM (``fused``) vs ``fused_uvm_caching`` at each ``--load-factors`` (0.05 0.2), for
+               each ``--sparse-opts`` (rowwise_adagrad, adagrad), trained with the prefetch pipeline;
+               ``--full-cardinality`` uses the MLPerf table sizes (204 M rows; configurations then run one after
+               another, since two such models do not fit at once: the JSON says ``"order": "blocked"``).
+  a2a          the output-dist-sized all-to-all (batch x 26 x 128 fp32 per rank) alone, and while a side stream
+               copies ``--traffic-mb`` MiB host->device and device->host per all-to-all (a stand-in for UVM /
+               cache traffic on the bus).
+Every model suite also runs ``stock``: plain TorchRec (DMP with default sharders and free planner choice,
+``TrainPipelineSparseDist``, tables capped at 4 M rows, fp32, row-wise Adagrad), for comparison in the same run.
+
+Commands (the lead's runs; results go to ``--out``: ``pipeline_ab.json`` and ``pipeline_ab.md``)::
+
+    # 2x H200: shared vs dedicated; all-to-all with and without offload traffic
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --suite input_group a2a
+    # 1x H200: full MLPerf cardinalities, row-wise Adagrad, HBM vs uvm_caching 0.05 / 0.2
+    torchrun --standalone --nproc_per_node 1 bench/pipeline_ab.py --suite offload --full-cardinality \\
+        --sparse-opts rowwise_adagrad
+    # 2x H200: full cardinalities, element-wise Adagrad (MLPerf rule)
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --suite offload \\
+        --full-cardinality --sparse-opts adagrad --load-factors 0.2
+    # CPU smoke test (gloo, tiny sizes): the same code paths, numbers meaningless
+    torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --smoke --out /tmp/ab
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torchrec.datasets.utils import Batch  # noqa: E402
+from torchrec.distributed import DistributedModelParallel  # noqa: E402
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology  # noqa: E402
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation  # noqa: E402
+from torchrec.distributed.sharding_plan import get_default_sharders  # noqa: E402
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa: E402
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper  # noqa: E402
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
+
+from dlrm.comms import input_dist_group, use_group_for_input_dist  # noqa: E402
+from dlrm.config import (MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, ModelConfig, OffloadConfig,  # noqa: E402
+                         OptimizerConfig, PipelineConfig)
+from dlrm.model import FEATURE_NAMES, build_model, table_configs  # noqa: E402
+from dlrm.offload import offload_constraints  # noqa: E402
+from dlrm.pipeline import build_pipeline  # noqa: E402
+from dlrm.sharding import dense_params, fuse_embedding_optimizer  # noqa: E402
+
+STOCK_ROW_CAP = 4_000_000  # the stock-TorchRec baseline's cap (../shared/perf/baseline.md)
+
+
+@dataclass
+class Spec:
+    """One model to build; ``variants`` are the input-dist groups it is timed with."""
+
+    name: str
+    batch: int
+    sharding: Optional[str] = None  # None: the planner chooses
+    offload: str = "none"  # none (all fused in HBM) | uvm_caching
+    load_factor: Optional[float] = None
+    sparse_opt: str = "rowwise_adagrad"
+    stock: bool = False
+    variants: List[str] = field(default_factory=lambda: ["shared"])
+
+
+class CpuEBCSharder(EmbeddingBagCollectionSharder):
+    """The stock sharder, allowing row_wise / table_row_wise on CPU too (smoke runs only)."""
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel"]
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def model_config(args: argparse.Namespace, row_cap: Optional[int]) -> ModelConfig:
+    if args.smoke:
+        return ModelConfig(name="smoke", embedding_dim=16, row_cap=row_cap or 1000, multi_hot_sizes=[2] * 26,
+                           dense_arch_layer_sizes=[32, 16], over_arch_layer_sizes=[32, 1], dcn_num_layers=1,
+                           dcn_low_rank_dim=8)
+    return ModelConfig(name="dlrm_v2", embedding_dim=128, num_embeddings_per_feature=list(MLPERF_NUM_EMBEDDINGS),
+                       row_cap=row_cap, multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES),
+                       dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+                       dcn_num_layers=3, dcn_low_rank_dim=512)
+
+
+def make_batches(mc: ModelConfig, batch: int, n: int, device: torch.device, host: bool, seed: int) -> List[Batch]:
+    """``n`` random batches, built once: uniform ids below each table's rows, ``multi_hot_sizes`` ids per sample
+    and feature (KJT values int64, lengths int32; dense float32 [batch, 13]; labels float32 [batch])."""
+    where = torch.device("cpu") if host else device
+    g = torch.Generator(device=where).manual_seed(seed)
+    rows, sizes = mc.table_rows, mc.multi_hot_sizes
+    lengths = torch.tensor(sizes, dtype=torch.int32, device=where).repeat_interleave(batch)
+    out = []
+    for _ in range(n):
+        values = torch.cat([torch.randint(0, r, (batch * m,), generator=g, device=where)
+                            for r, m in zip(rows, sizes)])
+        b = Batch(dense_features=torch.randn(batch, 13, generator=g, device=where),
+                  sparse_features=KeyedJaggedTensor(keys=FEATURE_NAMES, values=values, lengths=lengths),
+                  labels=torch.randint(0, 2, (batch,), generator=g, device=where).float())
+        out.append(b.pin_memory() if host and device.type == "cuda" else b)
+    return out
+
+
+class Runner:
+    """A sharded model, its optimizer and pipeline, and a pool of batches; times repeats."""
+
+    def __init__(self, spec: Spec, args: argparse.Namespace, device: torch.device, world: int) -> None:
+        self.spec, self.args, self.device = spec, args, device
+        cap = STOCK_ROW_CAP if spec.stock else (None if args.full_cardinality else args.row_cap)
+        if args.smoke:
+            cap = 1000
+        mc = model_config(args, cap)
+        self.mc = mc
+        torch.manual_seed(0)
+        model = build_model(mc, dense_device=device)
+        fuse_embedding_optimizer(model, OptimizerConfig(lr=args.lr, sparse_type=spec.sparse_opt))
+        tables = table_configs(mc)
+        constraints: Optional[Dict[str, ParameterConstraints]] = None
+        if not spec.stock:
+            kernels = ["fused"] if spec.offload == "none" else None
+            constraints = {t.name: ParameterConstraints(
+                sharding_types=[spec.sharding] if spec.sharding else None, compute_kernels=kernels) for t in tables}
+            if spec.offload != "none":
+                constraints = offload_constraints(
+                    OffloadConfig(spec.offload, min_table_rows=args.offload_min_rows,
+                                  cache_load_factor=spec.load_factor or 0.2), tables, base=constraints)
+        sharders = [CpuEBCSharder()] if device.type == "cpu" and not spec.stock else get_default_sharders()
+        topo = dict(world_size=world, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                    compute_device=device.type)
+        if device.type == "cuda":
+            topo["hbm_cap"] = torch.cuda.get_device_properties(device).total_memory
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(**topo), batch_size=spec.batch, constraints=constraints,
+            storage_reservation=HeuristicalStorageReservation(percentage=0.05))
+        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+        self.plan_kernels = sorted({(ps.sharding_type, ps.compute_kernel)
+                                    for mp in plan.plan.values() for ps in mp.values()})  # type: ignore
+        self.model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+        dense = KeyedOptimizerWrapper(dense_params(self.model),
+                                      lambda p: torch.optim.Adagrad(p, lr=args.lr, eps=1e-8))
+        self.opt = CombinedOptimizer([self.model.fused_optimizer, dense])
+        if spec.stock:
+            self.pipe = TrainPipelineSparseDist(self.model, self.opt, device)
+        else:
+            name = "prefetch" if spec.offload == "uvm_caching" else "sparse_dist"
+            self.pipe = build_pipeline(self.model, self.opt, device, PipelineConfig(name, "shared"))
+            if "dedicated" in spec.variants:  # hook before the first batch builds the input dists
+                use_group_for_input_dist(self.model, dist.group.WORLD)
+        self.pool = make_batches(mc, spec.batch, args.pool, device, args.host_batches,
+                                 seed=1000 + dist.get_rank())
+
+    def set_variant(self, variant: str) -> None:
+        if variant == "dedicated":
+            use_group_for_input_dist(self.model, input_dist_group(), replace=True)
+        elif "dedicated" in self.spec.variants:
+            use_group_for_input_dist(self.model, dist.group.WORLD, replace=True)
+
+    def repeat(self, steps: int, warmup: int) -> float:
+        """ms/step of ``steps`` steady-state steps, the slowest rank's; the pipeline is drained afterwards."""
+        # 3 extra batches keep the pipeline's look-ahead full through the last timed step
+        it = itertools.islice(itertools.cycle(self.pool), warmup + steps + 3)
+        for _ in range(warmup):
+            self.pipe.progress(it)
+        sync(self.device)
+        dist.barrier()  # a rank still copying must not look like a slow collective
+        sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = self.pipe.progress(it)
+        sync(self.device)
+        ms = torch.tensor([(time.perf_counter() - t0) * 1000.0 / steps], dtype=torch.float64)
+        self.last_loss = float(out[0].detach().float().mean())
+        while True:  # drain, untimed
+            try:
+                self.pipe.progress(it)
+            except StopIteration:
+                break
+        ms = ms.to(self.device) if self.device.type == "cuda" else ms
+        dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+        return float(ms.item())
+
+    def close(self) -> None:
+        del self.pipe, self.opt, self.model, self.pool
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def summarize(name: str, spec: Optional[Spec], variant: str, ms: List[float], world: int, batch: int,
+              extra: Dict[str, Any]) -> Dict[str, Any]:
+    med = statistics.median(ms)
+    return {"config": name, "variant": variant, "world": world, "batch_per_rank": batch,
+            "ms_median": med, "ms_min": min(ms), "ms_max": max(ms),
+            "spread_pct": 100.0 * (max(ms) - min(ms)) / med if med else float("nan"),
+            "samples_per_s": batch * world * 1000.0 / med if (med and batch) else None, "ms_repeats": ms,
+            "spec": asdict(spec) if spec else None, **extra}
+
+
+def run_specs(specs: List[Spec], args: argparse.Namespace, device: torch.device, world: int,
+              keep_alive: bool) -> List[Dict[str, Any]]:
+    """Alternate every (spec, variant) repeat by repeat (ABBA) with all models alive, or, when they cannot all
+    fit (``keep_alive`` false), time each model's repeats in a block and free it before the next."""
+    times: Dict[tuple, List[float]] = {}
+    meta: Dict[tuple, Dict[str, Any]] = {}
+    units = [(s, v) for s in specs for v in s.variants]
+    if keep_alive:
+        runners = {s.name: Runner(s, args, device, world) for s in specs}
+        for r in range(args.repeats):
+            for s, v in (units if r % 2 == 0 else list(reversed(units))):
+                run = runners[s.name]
+                run.set_variant(v)
+                times.setdefault((s.name, v), []).append(run.repeat(args.steps, args.warmup))
+                meta[(s.name, v)] = {"plan": run.plan_kernels, "last_loss": run.last_loss, "order": "alternating"}
+        for run in runners.values():
+            run.close()
+    else:
+        for s in specs:
+            run = Runner(s, args, device, world)
+            for r in range(args.repeats):
+                for v in (s.variants if r % 2 == 0 else list(reversed(s.variants))):
+                    run.set_variant(v)
+                    times.setdefault((s.name, v), []).append(run.repeat(args.steps, args.warmup))
+                    meta[(s.name, v)] = {"plan": run.plan_kernels, "last_loss": run.last_loss, "order": "blocked"}
+            run.close()
+    return [summarize(s.name, s, v, times[(s.name, v)], world, s.batch, meta[(s.name, v)]) for s, v in units]
+
+
+def input_group_specs(args: argparse.Namespace) -> List[Spec]:
+    specs = [Spec(f"{st}/b{b}", b, sharding=st, variants=["shared", "dedicated"])
+             for st in args.sharding_types for b in args.batch_sizes]
+    if not args.no_stock:
+        specs += [Spec(f"stock/b{b}", b, stock=True) for b in args.batch_sizes]
+    return specs
+
+
+def offload_specs(args: argparse.Namespace, device: torch.device) -> List[Spec]:
+    b = args.offload_batch
+    specs = []
+    for opt in args.sparse_opts:
+        specs.append(Spec(f"hbm/{opt}/b{b}", b, sparse_opt=opt))
+        if device.type == "cuda":  # fused_uvm_caching needs CUDA
+            specs += [Spec(f"uvm_caching{lf}/{opt}/b{b}", b, offload="uvm_caching", load_factor=lf, sparse_opt=opt)
+                      for lf in args.load_factors]
+    if not args.no_stock:
+        specs.append(Spec(f"stock/b{b}", b, stock=True))
+    return specs
+
+
+def a2a_bench(args: argparse.Namespace, device: torch.device, world: int) -> List[Dict[str, Any]]:
+    """All-to-all of the output dist's size (batch x 26 tables x dim fp32 per rank), alone and with host<->device
+    copies of ``--traffic-mb`` MiB each way on a side stream per all-to-all; alternating, synchronize-timed."""
+    dim = 16 if args.smoke else 128
+    batch = args.a2a_batch
+    n = batch * 26 * dim
+    n -= n % world
+    send = torch.randn(n, device=device)
+    recv = torch.empty_like(send)
+    variants = ["idle"]
+    if device.type == "cuda":
+        elems = args.traffic_mb * 2**20 // 4
+        host_src = torch.empty(elems, pin_memory=True)
+        host_dst = torch.empty(elems, pin_memory=True)
+        dev_buf = torch.empty(elems, device=device)
+        side = torch.cuda.Stream(device)
+        variants.append("h2d+d2h_traffic")
+    times: Dict[str, List[float]] = {v: [] for v in variants}
+    for r in range(args.repeats):
+        for v in (variants if r % 2 == 0 else list(reversed(variants))):
+            for i in range(args.warmup + args.steps):
+                if i == args.warmup:
+                    sync(device)
+                    dist.barrier()
+                    sync(device)
+                    t0 = time.perf_counter()
+                if v != "idle":
+                    with torch.cuda.stream(side):
+                        dev_buf.copy_(host_src, non_blocking=True)
+                        host_dst.copy_(dev_buf, non_blocking=True)
+                dist.all_to_all_single(recv, send)
+            sync(device)
+            ms = torch.tensor([(time.perf_counter() - t0) * 1000.0 / args.steps], dtype=torch.float64)
+            ms = ms.to(device) if device.type == "cuda" else ms
+            dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+            times[v].append(float(ms.item()))
+    mb = n * 4 / 2**20
+    return [summarize(f"a2a/{mb:.1f}MiB", None, v, times[v], world, 0,
+                      {"a2a_mib_per_rank": mb, "traffic_mib_each_way": args.traffic_mb if v != "idle" else 0})
+            for v in variants]
+
+
+def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+    lines = [f"# pipeline_ab: {meta['date']} on {meta['device']} x{meta['world']} "
+             f"(torch {meta['torch']}, torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} "
+             f"steps, warm-up {meta['warmup']})", "",
+             "| config | variant | batch/rank | ms/step median | min | max | spread % | samples/s | plan | order |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        plan = "; ".join(f"{a}/{b}" for a, b in r.get("plan", []))
+        sps = f"{r['samples_per_s'] / 1e6:.3f} M" if r.get("samples_per_s") else ""
+        lines.append(f"| {r['config']} | {r['variant']} | {r['batch_per_rank'] or ''} | {r['ms_median']:.3f} | "
+                     f"{r['ms_min']:.3f} | {r['ms_max']:.3f} | {r['spread_pct']:.1f} | {sps} | {plan} | "
+                     f"{r.get('order', 'alternating')} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", nargs="+", choices=["input_group", "offload", "a2a"],
+                   default=["input_group", "offload", "a2a"])
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (>= 5 for reports)")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per repeat (>= 200 for reports)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps before each repeat")
+    p.add_argument("--pool", type=int, default=8, help="distinct random batches, cycled")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[8192, 32768], help="per-rank, input_group")
+    p.add_argument("--sharding-types", nargs="+", default=["table_wise", "row_wise"])
+    p.add_argument("--offload-batch", type=int, default=32768, help="per-rank batch of the offload suite")
+    p.add_argument("--load-factors", type=float, nargs="+", default=[0.05, 0.2])
+    p.add_argument("--sparse-opts", nargs="+", choices=["rowwise_adagrad", "adagrad"],
+                   default=["rowwise_adagrad", "adagrad"])
+    p.add_argument("--offload-min-rows", type=int, default=0, help="offload tables with >= this many rows")
+    p.add_argument("--full-cardinality", action="store_true", help="MLPerf table sizes (204 M rows, 104.5 GB)")
+    p.add_argument("--row-cap", type=int, default=STOCK_ROW_CAP, help="rows per table without --full-cardinality")
+    p.add_argument("--a2a-batch", type=int, default=32768, help="per-rank batch whose pooled output is sent")
+    p.add_argument("--traffic-mb", type=int, default=256, help="MiB copied each way per all-to-all")
+    p.add_argument("--host-batches", action="store_true", help="batches in pinned host memory (H2D per step)")
+    p.add_argument("--no-stock", action="store_true", help="skip the stock-TorchRec baseline")
+    p.add_argument("--lr", type=float, default=0.004)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (CPU test); numbers are meaningless")
+    p.add_argument("--out", default=None, help="output directory (default bench/results/<timestamp>)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.warmup, args.repeats, args.pool = min(args.steps, 3), min(args.warmup, 1), \
+            min(args.repeats, 2), 4
+        args.batch_sizes, args.offload_batch, args.a2a_batch = [32], 32, 32
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
+    if not dist.is_initialized():
+        from dlrm.dist import init_distributed
+
+        init_distributed("cpu" if args.smoke else "auto")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if (
+        torch.cuda.is_available() and not args.smoke) else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    import torchrec
+
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "world": world,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "torchrec": getattr(torchrec, "__version__", "?"),
+            "backend": dist.get_backend(), "argv": sys.argv, **{k: v for k, v in vars(args).items()}}
+    rows: List[Dict[str, Any]] = []
+    if "input_group" in args.suite:
+        input_dist_group()  # created once at start-up, on every rank
+        rows += run_specs(input_group_specs(args), args, device, world, keep_alive=True)
+    if "offload" in args.suite:
+        rows += run_specs(offload_specs(args, device), args, device, world, keep_alive=not args.full_cardinality)
+    if "a2a" in args.suite:
+        rows += a2a_bench(args, device, world)
+    if rank == 0:
+        out = args.out or os.path.join("bench", "results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "pipeline_ab.json"), "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "results": rows}, f, indent=1, default=str)
+        md = markdown(rows, meta)
+        with open(os.path.join(out, "pipeline_ab.md"), "w", encoding="utf-8") as f:
+            f.write(md)
+        print(md)
+        print(f"wrote {out}/pipeline_ab.json and pipeline_ab.md")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

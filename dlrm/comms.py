@@ -1,0 +1,158 @@
+"""A dedicated process group for the KJT input dist (``pipeline.input_dist_group=dedicated``).
+
+Why: in a pipelined step the next batch's input dist (the all-to-alls that send each rank the ids of the tables
+it owns: splits, lengths, values, weights) is issued on the data-dist stream while this step's output-dist
+all-to-all, backward all-to-all and DDP all-reduce run. With NCCL, collectives of one communicator execute in
+issue order on that communicator's stream, so the next batch's keys wait behind this step's embeddings. Putting
+every input-dist all-to-all on a second process group (same ranks, same backend, hence its own NCCL
+communicator and stream) lets them proceed independently. Output dist, backward and DDP stay on the default
+group.
+
+Design (which hook, and why):
+
+* TorchRec has no public seam for this. A sharded module's ``EmbeddingSharding`` objects take their process
+  group from the ``ShardingEnv``, and the same group serves ``create_input_dist()`` and
+  ``create_output_dist()``; a sharder or a custom env can therefore only move *both*. The pipelines take no
+  process-group argument either.
+* What every input dist of every sharding type has in common (table_wise / column_wise:
+  ``TwSparseFeaturesDist``, row_wise: ``RwSparseFeaturesDist``, table_row_wise: ``TwRwSparseFeaturesDist``) is a
+  ``torchrec.distributed.dist_data.KJTAllToAll`` child module that issues all of that input dist's
+  collectives on ``KJTAllToAll._pg`` (the splits all-to-all, also when the pipeline fuses the splits of several
+  modules, which groups them by that ``pg``, and the tensor all-to-alls). Output dists use other classes.
+* Input dists are built lazily, on a sharded module's first ``input_dist()`` call (the feature order comes from
+  the first KJT), so they cannot simply be patched after DMP. :func:`use_group_for_input_dist` therefore wraps,
+  on each sharded module *instance*, ``_create_input_dist`` so that right after TorchRec builds the input dists
+  (and before their first collective) every ``KJTAllToAll`` in ``_input_dists`` gets the dedicated group.
+
+The private names this relies on, all present in torchrec 1.3 through 1.8 (checked against the sources):
+``ShardedModule._create_input_dist`` (method), ``ShardedModule._input_dists`` (list of modules), and
+``KJTAllToAll._pg``. They live only in this module; ``tests/test_pipeline.py::test_torchrec_private_hooks_exist``
+fails loudly, naming the attribute, when a TorchRec upgrade renames one, and the multi-process test counts the
+collectives issued per group.
+
+Usage (what :func:`dlrm.pipeline.build_pipeline` does)::
+
+    model = DistributedModelParallel(...)
+    use_group_for_input_dist(model, input_dist_group())
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.dist_data import KJTAllToAll
+from torchrec.distributed.types import ShardedModule
+
+_GROUP: Optional[dist.ProcessGroup] = None
+_GROUP_PARENT: Optional[dist.ProcessGroup] = None
+_HOOK_ATTR = "_dlrm_input_dist_group"
+# the private TorchRec names this module relies on (see the module docstring)
+PRIVATE_NAMES = ("ShardedModule._create_input_dist", "ShardedModule._input_dists", "KJTAllToAll._pg")
+
+
+def input_dist_group() -> dist.ProcessGroup:
+    """The dedicated input-dist group: all ranks of the default group, its backend; created on the first call
+    (collective: every rank must call it, at the same point) and reused afterwards.
+
+    Raises:
+        RuntimeError: the default process group is not initialised.
+    """
+    global _GROUP, _GROUP_PARENT
+    if not dist.is_initialized():
+        raise RuntimeError("pipeline.input_dist_group=dedicated needs an initialised default process group")
+    world = dist.group.WORLD
+    if _GROUP is None or _GROUP_PARENT is not world:  # a new default group (tests re-initialise) needs a new one
+        _GROUP = dist.new_group(backend=dist.get_backend())
+        _GROUP_PARENT = world
+    return _GROUP
+
+
+def _check_private_api(name: str, module: torch.nn.Module) -> None:
+    if not callable(getattr(module, "_create_input_dist", None)) or not isinstance(
+            getattr(module, "_input_dists", None), list):
+        raise RuntimeError(
+            f"pipeline.input_dist_group=dedicated: sharded module `{name}` ({type(module).__name__}) has no "
+            "`_create_input_dist` method or `_input_dists` list; this TorchRec version builds input dists "
+            "differently and dlrm/comms.py must be adapted (or use pipeline.input_dist_group=shared)")
+
+
+def _retarget(name: str, module: torch.nn.Module, group: dist.ProcessGroup) -> int:
+    want = dist.get_process_group_ranks(group)
+    n = 0
+    for input_dist in module._input_dists:
+        for sub in input_dist.modules():
+            if not isinstance(sub, KJTAllToAll):
+                continue
+            pg = getattr(sub, "_pg", None)
+            if not isinstance(pg, dist.ProcessGroup):
+                raise RuntimeError(f"KJTAllToAll in `{name}` has no `_pg` process group; this TorchRec version "
+                                   "changed KJTAllToAll and dlrm/comms.py must be adapted")
+            if pg is group:
+                n += 1
+                continue
+            ranks = dist.get_process_group_ranks(pg)  # the default group's ranks, or a twin's
+            if ranks != want:
+                raise NotImplementedError(
+                    f"the input dist of `{name}` runs on a sub-group of ranks {ranks} (2D parallel or a "
+                    "hierarchical sharding); pipeline.input_dist_group=dedicated supports only input dists over "
+                    "all ranks: use pipeline.input_dist_group=shared")
+            sub._pg = group
+            n += 1
+    return n
+
+
+def use_group_for_input_dist(model: torch.nn.Module, group: dist.ProcessGroup, replace: bool = False) -> int:
+    """Make every input-dist all-to-all of every sharded module in ``model`` run on ``group``.
+
+    Input dists that already exist are retargeted now; the ones TorchRec builds on the first batch are
+    retargeted as they are built. Idempotent for the same group.
+
+    Args:
+        model: the DMP-wrapped model (or any module tree holding TorchRec sharded modules).
+        group: a process group over the same ranks, in the same order, as the sharding env's group
+            (``dist.group.WORLD`` puts the input dist back on the default group).
+        replace: allow switching a model that was already hooked to another group (A/B benchmarks do this
+            between repeats, with no batch in flight).
+
+    Returns:
+        The number of sharded modules hooked.
+
+    Raises:
+        RuntimeError: a sharded module lacks the private TorchRec hooks this relies on (TorchRec changed), or
+            was already hooked with another group and ``replace`` is false.
+        NotImplementedError: an input dist runs on a sub-group (2D parallel).
+    """
+    hooked = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, ShardedModule):
+            continue
+        _check_private_api(name, module)
+        prev = module.__dict__.get(_HOOK_ATTR)
+        if prev is not None and prev is not group and not replace:
+            raise RuntimeError(f"sharded module `{name}` already sends its input dist on another group")
+        if prev is None:
+            create = module._create_input_dist
+
+            def create_and_retarget(*args, _create=create, _name=name, _module=module, **kwargs):
+                out = _create(*args, **kwargs)
+                _retarget(_name, _module, _module.__dict__[_HOOK_ATTR])
+                return out
+
+            # an instance attribute shadows the class method for this module only
+            module.__dict__["_create_input_dist"] = create_and_retarget
+        module.__dict__[_HOOK_ATTR] = group
+        _retarget(name, module, group)
+        hooked += 1
+    return hooked
+
+
+def input_dist_all_to_alls(model: torch.nn.Module) -> List[KJTAllToAll]:
+    """Every ``KJTAllToAll`` of the input dists built so far (empty before the first batch)."""
+    out: List[KJTAllToAll] = []
+    for module in model.modules():
+        if isinstance(module, ShardedModule):
+            for input_dist in getattr(module, "_input_dists", []):
+                out.extend(m for m in input_dist.modules() if isinstance(m, KJTAllToAll))
+    return out

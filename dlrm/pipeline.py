@@ -1,0 +1,72 @@
+"""Build the training pipeline (``pipeline=sparse_dist|prefetch|base``, ``pipeline.input_dist_group``).
+
+The pipelines are TorchRec's, used as they are:
+
+* ``sparse_dist``: ``TrainPipelineSparseDist``: batch i+1's host-to-device copy (memcpy stream) and KJT input
+  dist (data-dist stream) overlap batch i's forward/backward.
+* ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
+  ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
+* ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
+
+Only the constructor arguments ``(model, optimizer, device)`` are passed (plus ``execute_all_batches=True`` for
+the sparse-dist ones, so the last, possibly partial, batch is trained): they exist unchanged in torchrec 1.3
+through 1.8, whereas later arguments (``enqueue_batch_after_forward``, ``free_features_storage_early``, ...) do
+not exist on the GPU host's 1.6.1.
+
+With ``pipeline.input_dist_group=dedicated`` the input dist's all-to-alls go to one extra process group
+(:mod:`dlrm.comms`).
+
+Example::
+
+    pipe = build_pipeline(dmp_model, optimizer, device, PipelineConfig(name="sparse_dist",
+                                                                      input_dist_group="dedicated"))
+    while True:
+        out = pipe.progress(batch_iterator)   # raises StopIteration after the last batch
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Type
+
+import torch
+from torchrec.distributed.train_pipeline import (
+    PrefetchTrainPipelineSparseDist,
+    TrainPipeline,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
+
+from dlrm.comms import input_dist_group, use_group_for_input_dist
+from dlrm.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+
+PIPELINES: Dict[str, Type[TrainPipeline]] = {
+    "sparse_dist": TrainPipelineSparseDist,
+    "prefetch": PrefetchTrainPipelineSparseDist,
+    "base": TrainPipelineBase,
+}
+
+
+def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                   cfg: PipelineConfig) -> TrainPipeline:
+    """The configured TorchRec pipeline over a DMP-wrapped ``model``.
+
+    With ``cfg.input_dist_group == "dedicated"`` this creates the dedicated process group (collective: call on
+    every rank) and hooks every sharded module of ``model`` to it.
+
+    Raises:
+        ValueError: ``pipeline=prefetch`` off CUDA (its cache prefetch runs on a CUDA stream).
+    """
+    if cfg.name == "prefetch" and device.type != "cuda":
+        raise ValueError(
+            f"config key `pipeline.name`: pipeline=prefetch prefetches fused_uvm_caching rows on a CUDA stream and "
+            f"needs CUDA, but this run is on {device.type}; use pipeline=sparse_dist on CPU")
+    if cfg.input_dist_group == "dedicated":
+        n = use_group_for_input_dist(model, input_dist_group())
+        log.info("input dist of %d sharded module(s) on a dedicated process group", n)
+    cls = PIPELINES[cfg.name]
+    if cls is TrainPipelineBase:
+        return cls(model, optimizer, device)
+    return cls(model, optimizer, device, execute_all_batches=True)
