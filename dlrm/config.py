@@ -517,6 +517,36 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Sharded checkpoints (``torch.distributed.checkpoint``), exact resume and preemption (``dlrm/checkpoint.py``).
+
+    Fields:
+        dir: where ``step_<N>/`` checkpoints go (null: ``<run_dir>/checkpoints``). A restart must see the same
+            directory to resume: fix ``hydra.run.dir`` or set this key (Hydra's default run dir is timestamped).
+        every_n_steps: save every this many optimizer steps and after the last step (0: only on SIGTERM).
+        keep_last: keep the newest this many complete checkpoints, delete older ones (null: keep all).
+        resume: ``auto`` continues from the newest complete checkpoint in ``dir`` (a fresh start if there is none),
+            ``none`` always starts fresh, any other value is the path of one ``step_<N>`` directory.
+        async_save: stage the state to host memory and write it in a background thread while training continues
+            (``dcp.async_save``); false writes synchronously.
+        save_on_sigterm: on SIGTERM finish the current step, save, and exit with status 0.
+    """
+
+    dir: Optional[str] = None
+    every_n_steps: int = 0
+    keep_last: Optional[int] = 2
+    resume: str = "auto"
+    async_save: bool = True
+    save_on_sigterm: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.every_n_steps >= 0, "checkpoint.every_n_steps", "must be >= 0 (0: save only on SIGTERM)")
+        _check(self.keep_last is None or self.keep_last >= 1, "checkpoint.keep_last",
+               "must be >= 1, or null to keep every checkpoint")
+        _check(bool(self.resume), "checkpoint.resume", "use auto, none, or the path of a step_<N> directory")
+
+
+@dataclass
 class Config:
     """The whole run. ``device``: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``."""
 
@@ -529,6 +559,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
     device: str = "auto"
 

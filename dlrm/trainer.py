@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
+from dlrm.checkpoint import Checkpointer
 from dlrm.config import Config, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
@@ -129,6 +130,10 @@ class Trainer:
             global_batch=self.global_batch, lr=opt.lr, eps=opt.eps, warmup=opt.warmup_steps,
             decay_start=opt.decay_start_step, decay_steps=opt.decay_steps,
             train_samples=len(self.train_split), eval_samples=n_eval)
+        # checkpoint: restore model, optimizers, schedule, step and RNG from checkpoint.resume (dlrm/checkpoint.py)
+        self.ckpt = Checkpointer(cfg.checkpoint, self.run_dir, info)
+        if self.ckpt.resume(self):
+            self.metrics.advance(self.step)
 
     def _agree_run_dir(self, run_dir: str) -> str:
         """Use rank 0's run directory everywhere; remove the empty one another rank's Hydra made (its
@@ -151,7 +156,7 @@ class Trainer:
         return data_mod.train_batches(
             self.train_split, global_batch=self.global_batch, rank=info.rank, world_size=info.world_size,
             epochs=cfg.trainer.epochs, max_steps=self.total_steps, feature_names=FEATURE_NAMES,
-            multi_hot=self.multi_hot, shuffle=cfg.data.shuffle, seed=cfg.seed)
+            multi_hot=self.multi_hot, shuffle=cfg.data.shuffle, seed=cfg.seed, start_step=self.step)
 
     def _position(self, step: int) -> str:
         info = self.info
@@ -174,6 +179,7 @@ class Trainer:
         it = self._train_iter()
         every = cfg.logger.log_every_n_steps
         win = _Window(info.device)
+        self.ckpt.restore_window(win)  # checkpoint: steps of a resumed run's unlogged window
         last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
@@ -212,8 +218,11 @@ class Trainer:
                 if self.step < self.total_steps:
                     self.mlperf.block_start(epoch_num, self.samples_seen)
                 win.restart_clock()
+            if self.ckpt.after_step(self, win):  # checkpoint: periodic save; SIGTERM saves and ends the run
+                return last_val
         if target_hit and self.step % every != 0:
             self._log_window(win, t_start)
+        self.ckpt.at_end(self, win)  # checkpoint: the last step, if an early stop skipped its periodic save
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
         self.mlperf.run_stop(success=target_hit or cfg.eval.target_auc is None, samples=self.samples_seen)
@@ -299,6 +308,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ close
     def close(self) -> None:
+        if getattr(self, "ckpt", None) is not None:
+            self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
         if self.metrics is not None:
             self.metrics.close()
 

@@ -139,20 +139,28 @@ def train_plan(n_rows: int, global_batch: int, world_size: int) -> List[Tuple[in
 
 def train_batches(split: Split, *, global_batch: int, rank: int, world_size: int, epochs: int,
                   max_steps: Optional[int], feature_names: Sequence[str], multi_hot: Optional[MultiHot],
-                  shuffle: bool, seed: int) -> Iterator[Batch]:
+                  shuffle: bool, seed: int, start_step: int = 0) -> Iterator[Batch]:
     """Yield this rank's training batches over ``epochs`` passes, stopping after ``max_steps`` in all.
 
     Every rank yields the same number of batches of the same size. With ``shuffle``, each epoch's row order is
-    a permutation seeded by ``(seed, epoch)``, identical on every rank.
+    a permutation seeded by ``(seed, epoch)``, identical on every rank. ``start_step`` (a resumed run's step
+    count) skips that many whole batches by index without building them, so the first batch yielded is the one
+    step ``start_step + 1`` trains on.
     """
     plan = train_plan(len(split), global_batch, world_size)
     step = 0
     for epoch in range(epochs):
+        if step + len(plan) <= start_step:
+            step += len(plan)
+            continue
         order = None
         if shuffle:
             g = torch.Generator().manual_seed(seed * 1000003 + epoch)
             order = torch.randperm(len(split), generator=g)
         for start, size in plan:
+            if step < start_step:
+                step += 1
+                continue
             if max_steps is not None and step >= max_steps:
                 return
             idx = torch.arange(start + rank * size, start + (rank + 1) * size)

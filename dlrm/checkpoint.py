@@ -1,0 +1,487 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP): periodic async save, exact resume, SIGTERM.
+
+Keys: ``checkpoint.every_n_steps``, ``checkpoint.keep_last``, ``checkpoint.dir``, ``checkpoint.resume``,
+``checkpoint.async_save``, ``checkpoint.save_on_sigterm`` (``dlrm/config.py``, ``CheckpointConfig``)::
+
+    python train.py hydra.run.dir=runs/a checkpoint.every_n_steps=100            # saves runs/a/checkpoints/step_N
+    python train.py hydra.run.dir=runs/a checkpoint.every_n_steps=100            # again: resumes (resume=auto)
+    python train.py checkpoint.resume=runs/a/checkpoints/step_200 ...            # from one given checkpoint
+    python -m dlrm.export runs/a/checkpoints/step_200 model.pt                   # unsharded, for inference
+
+Layout of one checkpoint ``<dir>/step_<N>/``:
+
+- DCP files (``.metadata`` plus one ``__<rank>_0.distcp`` per rank) of ``{"model": DMP state_dict,
+  "optim": CombinedOptimizer state}``: embedding tables as ``ShardedTensor`` for every sharding type (replicated
+  ``data_parallel`` tables are written once), the MLPs, the fused TBE optimizer state (Adagrad ``momentum1``)
+  and the dense Adagrad state (``sum``, ``step``). DCP reshards on load, so a checkpoint written by one world
+  size and plan loads into another.
+- ``meta.json`` (rank 0): step, samples seen, world size, global batch, LR scheduler state, the plan, the
+  resolved config.
+- ``rank_<r>.pt`` (each rank): RNG states (torch, numpy, python, CUDA) and the unlogged training-metric window.
+  They are per rank and small, and DCP requires every rank to load the same keys, so they live beside it.
+
+Atomicity: a save writes into ``step_<N>.tmp/``; rank 0 renames it to ``step_<N>/`` once DCP's save has finished
+on every rank (DCP's final gather of all ranks' write results precedes rank 0's ``.metadata`` write, so rank 0's
+save returning means every rank's data is on disk). Readers only consider ``step_<N>`` directories that hold
+``.metadata`` and ``meta.json``; a leftover ``*.tmp`` (a save interrupted by a crash) is reported and removed
+at the next start.
+
+Async save: state is copied to host memory (pinned and reused between saves on CUDA, via DCP's
+``FileSystemWriter(cache_staged_state_dict=True)``), then DCP writes it from a background thread while training
+continues; the next save waits for the previous one. The save's collectives run on a dedicated gloo process
+group, so they never interleave with the training's collectives.
+
+Preemption: SIGTERM sets a flag; at the end of the current step every rank agrees on it (a 1-int all-reduce on
+its own gloo group when world > 1), saves synchronously, and the run exits with status 0. The next start with
+the same ``checkpoint.dir`` resumes. Under ``torchrun --max-restarts K`` (torchx ``dist.ddp --max_retries``) a
+rank killed outright leads to a restart of all ranks, which resume from the newest complete checkpoint.
+
+Why our own module: DCP does the sharded I/O and resharding; what the run needs around it (atomic directories,
+retention, the trainer's step / data position / RNG / metric window, layout reports on reshard, SIGTERM) is
+specific to this trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from omegaconf import OmegaConf
+
+from dlrm.config import CheckpointConfig, ConfigError
+from dlrm.dist import DistInfo
+from dlrm.sharding import plan_rows
+
+if TYPE_CHECKING:
+    from dlrm.trainer import Trainer, _Window
+
+log = logging.getLogger(__name__)
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_TMP_RE = re.compile(r"^step_(\d+)\.tmp$")
+META = "meta.json"
+
+# Test hook (tests/test_checkpoint.py): "STEP:RANK" makes that rank SIGKILL itself right after writing its DCP
+# data of the save at STEP, before the save completes; only in a first attempt (TORCHELASTIC_RESTART_COUNT 0).
+TEST_KILL_DURING_SAVE_ENV = "DLRM_TEST_KILL_DURING_SAVE"
+
+
+# ------------------------------------------------------------------------------------------- directory layout
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step_{step}")
+
+
+def is_complete(path: str) -> bool:
+    """A finished checkpoint: named ``step_<N>`` with DCP's ``.metadata`` and our ``meta.json``."""
+    return (bool(_STEP_RE.match(os.path.basename(os.path.normpath(path))))
+            and os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, META)))
+
+
+def list_checkpoints(root: str) -> List[Tuple[int, str]]:
+    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first (``[]`` if ``root`` is absent)."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in os.listdir(root):
+        m = _STEP_RE.match(name)
+        if m and is_complete(os.path.join(root, name)):
+            out.append((int(m.group(1)), os.path.join(root, name)))
+    return sorted(out)
+
+
+def latest_checkpoint(root: str) -> Optional[str]:
+    ckpts = list_checkpoints(root)
+    return ckpts[-1][1] if ckpts else None
+
+
+def resolve_checkpoint(path: str) -> str:
+    """``path`` itself if it is a complete checkpoint, else the newest complete one under it.
+
+    Raises:
+        FileNotFoundError: neither; the message says what is there.
+    """
+    if is_complete(path):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is not None:
+        return latest
+    why = "does not exist" if not os.path.exists(path) else (
+        "is an incomplete save (a *.tmp directory)" if path.rstrip("/").endswith(".tmp") else
+        "is neither a step_<N> checkpoint (with .metadata and meta.json) nor a directory holding one")
+    raise FileNotFoundError(f"checkpoint {path!r} {why}")
+
+
+def read_meta(path: str) -> Dict[str, Any]:
+    with open(os.path.join(path, META), encoding="utf-8") as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------------------------------------ app state
+def app_state(model: torch.nn.Module, optimizer: Any) -> Dict[str, Any]:
+    """What DCP saves and loads in place: ``{"model": model.state_dict(), "optim": optimizer state}``.
+
+    The tensors are the live ones (``ShardedTensor`` views of the TBE weights and momentum for sharded tables),
+    so a DCP load writes straight into the model and optimizer.
+    """
+    return {"model": model.state_dict(), "optim": optimizer.state_dict()["state"]}
+
+
+def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """DCP's fully-qualified names: nested dict keys joined with ``.``."""
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _global_shape(v: Any) -> Optional[Tuple[int, ...]]:
+    return tuple(v.size()) if isinstance(v, torch.Tensor) else None
+
+
+@dataclass
+class LoadReport:
+    """What a load restored. ``skipped``: optimizer entries left at their fresh values, with the reason."""
+
+    path: str
+    restored: List[str] = field(default_factory=list)
+    skipped: Dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if not self.skipped:
+            return f"all {len(self.restored)} model and optimizer entries restored"
+        return (f"{len(self.restored)} entries restored; {len(self.skipped)} optimizer entries NOT restored "
+                "(they start fresh): " + "; ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items())))
+
+
+def load_app_state(path: str, model: torch.nn.Module, optimizer: Any,
+                   process_group: Optional[dist.ProcessGroup] = None) -> LoadReport:
+    """Load model and optimizer state from a DCP checkpoint into the live (possibly differently sharded) model.
+
+    Model entries must all be present with the same global shape (a different architecture or table size is an
+    error). Optimizer entries whose name or shape differ from the checkpoint's (a table that moved between a
+    fused sharding and ``data_parallel``, whose state lives in the dense Adagrad, or row-wise Adagrad momentum
+    ``[rows]`` loaded into a ``column_wise`` table whose momentum is ``[rows x column shards]``) keep their fresh
+    values and are listed in the report.
+
+    Raises:
+        ValueError: a model entry is missing from the checkpoint or has another shape (names the entry).
+    """
+    meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    target = app_state(model, optimizer)
+    report = LoadReport(path)
+    model_flat = _flatten(target["model"], "model.")
+    for key, v in model_flat.items():
+        md = meta.get(key)
+        if md is None:
+            raise ValueError(f"checkpoint {path}: model entry {key!r} is missing; it was written by another model "
+                             "config (compare its meta.json `config.model` with this run's)")
+        if isinstance(md, TensorStorageMetadata) and _global_shape(v) != tuple(md.size):
+            raise ValueError(f"checkpoint {path}: model entry {key!r} has shape {tuple(md.size)} there and "
+                             f"{_global_shape(v)} here; use the model config the checkpoint was written with")
+    optim_keep: Dict[str, Dict[str, Any]] = {}
+    for pkey, states in target["optim"].items():
+        for sname, v in states.items():
+            key = f"optim.{pkey}.{sname}"
+            md = meta.get(key)
+            if md is None:
+                report.skipped[key] = "not in the checkpoint (saved under another layout: fused vs data_parallel)"
+            elif isinstance(md, TensorStorageMetadata) and _global_shape(v) != tuple(md.size):
+                report.skipped[key] = (f"shape {tuple(md.size)} in the checkpoint vs {_global_shape(v)} here "
+                                       "(e.g. row-wise Adagrad momentum into column_wise)")
+            else:
+                optim_keep.setdefault(pkey, {})[sname] = v
+    state = {"model": target["model"], "optim": optim_keep}
+    dcp.load(state, checkpoint_id=path, process_group=process_group)
+    report.restored = sorted(_flatten(state))
+    if dist.is_initialized() and dist.get_world_size(process_group) > 1:
+        # a rank holds optimizer state only for the tables it has shards of: report the union
+        parts: List[Any] = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(parts, (report.restored, report.skipped), group=process_group)
+        report.restored = sorted({k for restored, _ in parts for k in restored})
+        report.skipped = {k: v for _, skipped in parts for k, v in skipped.items()}
+    return report
+
+
+# ------------------------------------------------------------------------------------------------- rng state
+def rng_state() -> Dict[str, Any]:
+    st: Dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: Dict[str, Any]) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+class _KillAfterWrite(FileSystemWriter):
+    """Test hook (:data:`TEST_KILL_DURING_SAVE_ENV`): SIGKILL this process once its shard files are written."""
+
+    def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
+        fut = super().write_data(plan, planner)
+        fut.wait()
+        log.warning("test hook %s: killing rank %s mid-save", TEST_KILL_DURING_SAVE_ENV, os.environ.get("RANK"))
+        os.kill(os.getpid(), signal.SIGKILL)
+        return fut
+
+
+# ----------------------------------------------------------------------------------------------- checkpointer
+class Checkpointer:
+    """The trainer's checkpoint policy: resume at set-up, periodic async saves, SIGTERM, retention.
+
+    Construct on every rank after the process group exists (it creates two gloo groups collectively).
+
+    Args:
+        cfg: the ``checkpoint`` config.
+        run_dir: the run directory (``checkpoint.dir`` defaults to ``<run_dir>/checkpoints``).
+        info: this rank's layout.
+    """
+
+    def __init__(self, cfg: CheckpointConfig, run_dir: str, info: DistInfo) -> None:
+        self.cfg = cfg
+        self.info = info
+        # TorchRec's state dicts are ShardedTensors; DCP warns about that on every access
+        warnings.filterwarnings("ignore", category=FutureWarning, message=r".*deprecating ShardedTensor")
+        self.root = os.path.abspath(cfg.dir or os.path.join(run_dir, "checkpoints"))
+        # Saves run collectives from a background thread; a group of their own keeps them apart from training's.
+        self.pg = dist.new_group(backend="gloo")
+        self.sig_pg = dist.new_group(backend="gloo") if info.world_size > 1 else None
+        # On CUDA the staging buffers are pinned and reused across saves; on CPU a fresh copy each time.
+        self._writer_kwargs = {"cache_staged_state_dict": info.device.type == "cuda"}
+        self._writer: Optional[FileSystemWriter] = None
+        self._pending: Optional[Tuple[Any, int, str]] = None  # (future, step, tmp dir)
+        self.last_saved_step = -1
+        self.preempted = False
+        self._sigterm = False
+        self._prev_handler: Any = None
+        if cfg.save_on_sigterm and threading.current_thread() is threading.main_thread():
+            self._prev_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        del signum, frame
+        self._sigterm = True
+
+    # -------------------------------------------------------------------------------------------- resume
+    def _choose_resume(self) -> Optional[str]:
+        """Rank 0 picks the checkpoint (and removes interrupted ``*.tmp`` saves); every rank gets its path."""
+        res = self.cfg.resume
+        chosen: List[Optional[str]] = [None]
+        if self.info.is_main:
+            if os.path.isdir(self.root):
+                for name in sorted(os.listdir(self.root)):
+                    if _TMP_RE.match(name):
+                        log.warning("ignoring incomplete checkpoint %s (its save was interrupted); removing it",
+                                    os.path.join(self.root, name))
+                        shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+            if res == "auto":
+                chosen[0] = latest_checkpoint(self.root)
+            elif res != "none":
+                try:
+                    chosen[0] = resolve_checkpoint(res)
+                except FileNotFoundError as e:
+                    chosen[0] = f"!config key `checkpoint.resume`: {e}; give a step_<N> directory, auto or none"
+        if dist.is_initialized() and self.info.world_size > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        if chosen[0] is not None and chosen[0].startswith("!"):
+            raise ConfigError(chosen[0][1:])
+        return chosen[0]
+
+    def resume(self, trainer: "Trainer") -> Optional[str]:
+        """Restore ``trainer`` (model, optimizers, LR schedule, step, samples, RNG) from the checkpoint that
+        ``checkpoint.resume`` selects. Returns its path, or None for a fresh start.
+
+        Raises:
+            ConfigError: ``checkpoint.resume`` names no checkpoint, or the checkpoint's global batch differs
+                from this run's (the data position would not match).
+        """
+        path = self._choose_resume()
+        if path is None:
+            if self.cfg.resume == "auto":
+                log.info("checkpoint: none in %s; starting fresh", self.root)
+            return None
+        t0 = time.perf_counter()
+        meta = read_meta(path)
+        if meta["global_batch"] != trainer.global_batch:
+            raise ConfigError(
+                f"config key `data.global_batch_size`: checkpoint {path} was trained with a global batch of "
+                f"{meta['global_batch']} ({meta['world_size']} ranks), this run has {trainer.global_batch}; "
+                f"set data.global_batch_size={meta['global_batch']} so the data position carries over")
+        report = load_app_state(path, trainer.model, trainer.optimizer, self.pg)
+        trainer.scheduler.load_state_dict(meta["scheduler"])
+        for group, lr in zip(trainer.optimizer.param_groups, trainer.scheduler.get_last_lr()):
+            group["lr"] = lr
+        trainer.step = self.last_saved_step = int(meta["step"])
+        trainer.samples_seen = int(meta["samples"])
+        self._restored_window: Optional[Dict[str, Any]] = None
+        rank_file = os.path.join(path, f"rank_{self.info.rank}.pt")
+        if meta["world_size"] == self.info.world_size and os.path.isfile(rank_file):
+            extra = torch.load(rank_file, weights_only=False)
+            set_rng_state(extra["rng"])
+            self._restored_window = extra.get("window")
+        else:
+            log.warning("checkpoint %s was written by %d ranks, this run has %d: RNG states and the unlogged "
+                        "metric window are not restored (model, optimizer, schedule and data position are)",
+                        path, meta["world_size"], self.info.world_size)
+        (log.warning if report.skipped else log.info)("checkpoint load: %s", report.summary())
+        log.info("resumed from %s at step %d (%d samples seen), %.1fs", path, trainer.step, trainer.samples_seen,
+                 time.perf_counter() - t0)
+        self.resumed_from, self.report = path, report
+        return path
+
+    def restore_window(self, win: "_Window") -> None:
+        """Put back the training-metric window of the resumed step (steps not yet logged)."""
+        saved = getattr(self, "_restored_window", None)
+        if not saved:
+            return
+        dev = win.device
+        win.losses = [t.to(dev) for t in saved["losses"]]
+        win.oks = [t.to(dev) for t in saved["oks"]]
+        win.logits = [t.to(dev) for t in saved["logits"]]
+        win.labels = [t.to(dev) for t in saved["labels"]]
+        win.samples = saved["samples"]
+        self._restored_window = None
+
+    # ---------------------------------------------------------------------------------------------- save
+    def after_step(self, trainer: "Trainer", win: "_Window") -> bool:
+        """Call at the end of every training step. Saves when due; on SIGTERM saves and returns True (the
+        caller leaves the loop and the run ends with status 0)."""
+        self._poll()
+        if self.cfg.save_on_sigterm and self._agree_sigterm():
+            self.save(trainer, win, block=True)
+            self.preempted = True
+            msg = (f"SIGTERM: finished step {trainer.step}, saved {step_dir(self.root, trainer.step)}; exiting "
+                   f"with status 0. Start again with the same checkpoint.dir ({self.root}) to resume")
+            log.warning(msg)
+            if trainer.metrics is not None:
+                trainer.metrics.log_line(msg)
+            return True
+        every = self.cfg.every_n_steps
+        if every and (trainer.step % every == 0 or trainer.step == trainer.total_steps):
+            self.save(trainer, win, block=not self.cfg.async_save)
+        return False
+
+    def at_end(self, trainer: "Trainer", win: "_Window") -> None:
+        """After the loop: save the last step if checkpointing is on and it is not saved yet (early stop)."""
+        if self.cfg.every_n_steps and not self.preempted and self.last_saved_step != trainer.step:
+            self.save(trainer, win, block=not self.cfg.async_save)
+
+    def _agree_sigterm(self) -> bool:
+        if self.sig_pg is None:
+            return self._sigterm
+        flag = torch.tensor([1 if self._sigterm else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.sig_pg)
+        return bool(flag.item())
+
+    def save(self, trainer: "Trainer", win: Optional["_Window"] = None, block: bool = False) -> str:
+        """Write a checkpoint of the current step (collective: every rank calls it at the same step).
+
+        The previous async save is waited for first. With ``block=False`` this returns once the state is staged
+        in host memory; the files appear as ``step_<N>/`` when the background write has finished.
+        """
+        self.wait()
+        step = trainer.step
+        final, tmp = step_dir(self.root, step), step_dir(self.root, step) + ".tmp"
+        t0 = time.perf_counter()
+        os.makedirs(tmp, exist_ok=True)
+        window = None
+        if win is not None and win.losses:
+            window = {"losses": [t.cpu() for t in win.losses], "oks": [t.cpu() for t in win.oks],
+                      "logits": [t.cpu() for t in win.logits], "labels": [t.cpu() for t in win.labels],
+                      "samples": win.samples}
+        torch.save({"rng": rng_state(), "window": window}, os.path.join(tmp, f"rank_{self.info.rank}.pt"))
+        if self.info.is_main:
+            meta = {
+                "step": step, "samples": trainer.samples_seen, "world_size": self.info.world_size,
+                "global_batch": trainer.global_batch, "steps_per_epoch": trainer.steps_per_epoch,
+                "scheduler": trainer.scheduler.state_dict(), "time": time.time(),
+                "plan": [list(r) for r in plan_rows(trainer.plan)],
+                "config": OmegaConf.to_container(OmegaConf.structured(trainer.cfg)),
+                "versions": {"torch": torch.__version__},
+            }
+            with open(os.path.join(tmp, META), "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=1, default=str)
+        state = app_state(trainer.model, trainer.optimizer)
+        writer = self._make_writer(step, tmp)
+        if block:
+            dcp.save(state, storage_writer=writer, checkpoint_id=tmp, process_group=self.pg)
+            self._finish(step, tmp)
+            log.info("checkpoint %s saved in %.2fs", final, time.perf_counter() - t0)
+        else:
+            fut = dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp, process_group=self.pg)
+            self._pending = (fut, step, tmp)
+            log.info("checkpoint step %d staged in %.2fs; writing in the background", step, time.perf_counter() - t0)
+        self.last_saved_step = step
+        return final
+
+    def _make_writer(self, step: int, tmp: str) -> FileSystemWriter:
+        hook = os.environ.get(TEST_KILL_DURING_SAVE_ENV)
+        if hook and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            s, r = (int(x) for x in hook.split(":"))
+            if s == step and r == self.info.rank:
+                return _KillAfterWrite(tmp)
+        if self._writer is None:  # reused so that its (pinned, CUDA) staging cache is reused
+            self._writer = FileSystemWriter(tmp, **self._writer_kwargs)
+        return self._writer
+
+    def _poll(self) -> None:
+        if self._pending is not None and self._pending[0].done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the pending async save (if any) has finished, then publish it."""
+        if self._pending is None:
+            return
+        fut, step, tmp = self._pending
+        self._pending = None
+        t0 = time.perf_counter()
+        fut.result()
+        self._finish(step, tmp)
+        log.info("checkpoint %s written (waited %.2fs)", step_dir(self.root, step), time.perf_counter() - t0)
+
+    def _finish(self, step: int, tmp: str) -> None:
+        """Rank 0: publish ``step_<N>.tmp`` as ``step_<N>`` and prune old checkpoints. DCP's save has returned,
+        so every rank's data is on disk."""
+        if not self.info.is_main:
+            return
+        final = step_dir(self.root, step)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        keep = self.cfg.keep_last
+        if keep:
+            for _, old in list_checkpoints(self.root)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def close(self) -> None:
+        """Wait for the last async save; restore the previous SIGTERM handler."""
+        try:
+            self.wait()
+        finally:
+            if self._prev_handler is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._prev_handler)
+                self._prev_handler = None

@@ -1,0 +1,73 @@
+"""Export a sharded checkpoint as one unsharded state dict for inference (no process group needed)::
+
+    python -m dlrm.export runs/a/checkpoints/step_200 model.pt    # a step_<N> directory
+    python -m dlrm.export runs/a/checkpoints model.pt             # or the newest complete one under a directory
+
+``model.pt`` is ``torch.save`` of a plain ``{name: tensor}`` dict with the keys of the unsharded
+``DLRMTrain`` that ``dlrm.model.build_model`` returns; load it with::
+
+    model = build_model(cfg.model, table_device=torch.device("cpu"))
+    model.load_state_dict(torch.load("model.pt"))
+
+The model config the checkpoint was trained with is in ``<checkpoint>/meta.json`` (``config.model``).
+Every table is gathered whole into host memory, so the host needs the model's full size in RAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Dict
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from dlrm.checkpoint import resolve_checkpoint
+
+
+def _checkpoint_dir(path: str) -> str:
+    """``path`` if it holds DCP's ``.metadata``, else the newest complete ``step_<N>`` under it."""
+    return path if os.path.isfile(os.path.join(path, ".metadata")) else resolve_checkpoint(path)
+
+
+def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint whose name starts with ``prefix``, unsharded, on the CPU.
+
+    Returns names with ``prefix`` removed. Raises FileNotFoundError when ``path`` holds no complete checkpoint.
+    """
+    path = _checkpoint_dir(path)
+    meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    sd = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in meta.items()
+          if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    dcp.load(sd, checkpoint_id=path, no_dist=True)
+    return {k[len(prefix):]: v for k, v in sd.items()}
+
+
+def export(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:
+    """Write the model part of ``checkpoint`` unsharded to ``out``; returns the state dict."""
+    sd = full_state_dict(checkpoint, "model.")
+    torch.save(sd, out)
+    return sd
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dlrm.export", description=__doc__.split("\n")[0])
+    ap.add_argument("checkpoint", help="a step_<N> checkpoint directory, or a directory holding some")
+    ap.add_argument("out", help="output .pt file (a plain state dict)")
+    args = ap.parse_args(argv)
+    try:
+        path = _checkpoint_dir(args.checkpoint)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sd = export(path, args.out)
+    n = sum(v.numel() for v in sd.values())
+    print(f"exported {path}: {len(sd)} tensors, {n / 1e6:.2f} M parameters -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
