@@ -21,6 +21,8 @@ def test_every_shipped_config_composes(group: str, option: str) -> None:
     overrides = [f"{group}={option}"]
     if (group, option) in {("data", "criteo_tsv"), ("experiment", "criteo_sample")}:
         overrides.append("data.train_path=x.tsv")  # required key; the file is only opened at run time
+    if (group, option) == ("data", "criteo_binary"):
+        overrides.append("data.dataset_dir=x")  # required key; the directory is only opened at run time
     cfg = to_config(compose(overrides))
     if group == "model":
         assert cfg.model.name == option
