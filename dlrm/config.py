@@ -103,7 +103,8 @@ class DataConfig:
     """Where samples come from and how they are batched.
 
     Fields:
-        name: ``synthetic`` (teacher-labelled MLPerf-shaped data, generated in memory) or ``criteo_tsv``.
+        name: ``synthetic`` (teacher-labelled MLPerf-shaped data, generated in memory), ``criteo_tsv`` or
+            ``criteo_binary`` (a directory written by ``data/preprocess_criteo.py``, memory-mapped).
         batch_size: samples per rank per step (global batch = batch_size x world size).
         global_batch_size: if set, overrides ``batch_size`` with ``global_batch_size / world size`` per rank, so
             the same command does the same math on any world size (must divide evenly).
@@ -118,6 +119,12 @@ class DataConfig:
         teacher_seed: seed of the hidden teacher model that labels synthetic samples.
         teacher_dim: width of the teacher's latent factors.
         shuffle: reshuffle training rows each epoch (MLPerf: no shuffling).
+        dataset_dir: ``criteo_binary``: the preprocessed dataset (``meta.json`` and ``day_*.npy``); splits follow
+            MLPerf (train = all days but the last; validation / test = first / second half of the last day).
+        multi_hot_source: ``criteo_binary`` with ``multi_hot``: ``materialized`` (``day_*_sparse_multi_hot.npy``),
+            ``on_the_fly`` (gather from the expansion tables per batch) or ``auto`` (materialized when present).
+        prefetch: ``criteo_binary``: batches a background thread keeps ready (0: none).
+        pin_memory: ``criteo_binary``: assemble batches in pinned host memory (null: when CUDA is available).
     """
 
     name: str = "synthetic"
@@ -136,10 +143,14 @@ class DataConfig:
     teacher_seed: int = 1234
     teacher_dim: int = 8
     shuffle: bool = False
+    dataset_dir: Optional[str] = None
+    multi_hot_source: str = "auto"
+    prefetch: int = 2
+    pin_memory: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        _check(self.name in ("synthetic", "criteo_tsv"), "data.name",
-               f"got {self.name!r}; choose data=synthetic or data=criteo_tsv")
+        _check(self.name in ("synthetic", "criteo_tsv", "criteo_binary"), "data.name",
+               f"got {self.name!r}; choose data=synthetic, data=criteo_tsv or data=criteo_binary")
         _check(self.batch_size > 0, "data.batch_size", "must be positive")
         _check(self.global_batch_size is None or self.global_batch_size > 0, "data.global_batch_size",
                "must be positive or null")
@@ -156,6 +167,21 @@ class DataConfig:
             _check(self.num_val_samples > 0, "data.num_val_samples", "must be positive")
             _check(self.num_test_samples >= 0, "data.num_test_samples", "must be >= 0")
         _check(self.max_rows is None or self.max_rows > 0, "data.max_rows", "must be positive or null")
+        _check(self.multi_hot_source in ("auto", "materialized", "on_the_fly"), "data.multi_hot_source",
+               f"got {self.multi_hot_source!r}; use auto, materialized or on_the_fly")
+        _check(self.prefetch >= 0, "data.prefetch", "must be >= 0 (0: no background thread)")
+        if self.name == "criteo_binary":
+            _check(bool(self.dataset_dir), "data.dataset_dir",
+                   "data=criteo_binary needs a preprocessed dataset: pass data.dataset_dir=<dir with meta.json> "
+                   "(build it with data/preprocess_criteo.py)")
+            _check(not self.shuffle, "data.shuffle", "data=criteo_binary reads rows in file order (MLPerf: no "
+                   "shuffling); set data.shuffle=false")
+            for key in ("train_path", "val_path", "test_path"):
+                _check(getattr(self, key) is None, f"data.{key}",
+                       f"is set but data=criteo_binary reads data.dataset_dir; drop data.{key}")
+        else:
+            _check(self.dataset_dir is None, "data.dataset_dir",
+                   f"is set but data={self.name} ignores it; add data=criteo_binary to train on it")
 
 
 @dataclass

@@ -85,8 +85,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         t0 = time.perf_counter()
         self.train_split, self.val_split, self.test_split = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
-        self.multi_hot = (data_mod.MultiHot(cfg.model.table_rows, cfg.model.multi_hot_sizes, cfg.data.multi_hot_seed)
-                          if cfg.data.multi_hot else None)
+        self.multi_hot = data_mod.make_multi_hot(cfg.data, cfg.model)
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
         if self.steps_per_epoch == 0:
             raise ValueError(f"the training split has {len(self.train_split)} rows, fewer than the world size "

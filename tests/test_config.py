@@ -23,6 +23,8 @@ def test_every_shipped_config_composes(group: str, option: str) -> None:
         overrides.append("data.train_path=x.tsv")  # required key; the file is only opened at run time
     if (group, option) == ("offload", "uvm_caching"):
         overrides.append("pipeline=prefetch")  # uvm_caching trains with the prefetch pipeline
+    if (group, option) == ("data", "criteo_binary"):
+        overrides.append("data.dataset_dir=x")  # required key; the directory is only opened at run time
     cfg = to_config(compose(overrides))
     if group == "model":
         assert cfg.model.name == option

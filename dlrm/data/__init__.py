@@ -2,7 +2,8 @@
 
 A :class:`Split` holds rows in memory in model terms (dense features already transformed, one table id per
 sparse feature). :func:`load_splits` builds the train and validation splits from the config (``data=synthetic``
-or ``data=criteo_tsv``); :class:`MultiHot` expands 1-hot ids into bags; :func:`train_batches` and
+or ``data=criteo_tsv``; ``data=criteo_binary`` gives memory-mapped ``binary.BinarySplit`` objects that
+:func:`train_batches` / :func:`eval_batches` hand to ``dlrm/data/binary.py``); :class:`MultiHot` expands 1-hot ids into bags; :func:`train_batches` and
 :func:`eval_batches` cut a split into per-rank ``torchrec.datasets.utils.Batch`` objects.
 
 Rank layout: global batch ``i`` is rows ``[i*G, (i+1)*G)`` (``G`` = global batch) and rank ``r`` takes the
@@ -148,6 +149,13 @@ def train_batches(split: Split, *, global_batch: int, rank: int, world_size: int
     step ``start_step + 1`` trains on.
     """
     plan = train_plan(len(split), global_batch, world_size)
+    if not isinstance(split, Split):  # data=criteo_binary: memory-mapped, vectorised reader (dlrm/data/binary.py)
+        from dlrm.data import binary
+
+        yield from binary.train_batches(split, plan=plan, rank=rank, epochs=epochs, max_steps=max_steps,
+                                        feature_names=feature_names, multi_hot=multi_hot,  # type: ignore[arg-type]
+                                        prefetch=split.prefetch, pin_memory=split.pin_memory)
+        return
     step = 0
     for epoch in range(epochs):
         if step + len(plan) <= start_step:
@@ -196,6 +204,13 @@ def eval_batches(split: Split, *, batch_size: int, rank: int, world_size: int, f
     end of a share are padding (copies of row 0) with weight 0.0; real rows have weight 1.0. A rank whose
     share is empty yields only padding.
     """
+    if not isinstance(split, Split):  # data=criteo_binary (dlrm/data/binary.py), same layout
+        from dlrm.data import binary
+
+        yield from binary.eval_batches(split, batch_size=batch_size, rank=rank, world_size=world_size,
+                                       feature_names=feature_names, multi_hot=multi_hot,  # type: ignore[arg-type]
+                                       prefetch=split.prefetch, pin_memory=split.pin_memory)
+        return
     n = len(split)
     bounds = [n * r // world_size for r in range(world_size + 1)]
     lo, hi = bounds[rank], bounds[rank + 1]
@@ -305,4 +320,41 @@ def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split,
     assert len(rows) == NUM_SPARSE_FEATURES
     if data.name == "synthetic":
         return load_synthetic(data, rows, seed)
+    if data.name == "criteo_binary":
+        from dlrm.data import binary
+
+        return binary.load_splits(data.dataset_dir, rows, data.max_rows,  # type: ignore[return-value]
+                                  multi_hot_files=_binary_materialized(data, model), prefetch=data.prefetch,
+                                  pin_memory=data.pin_memory)
     return load_criteo_tsv(data, rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# data=criteo_binary (dlrm/data/binary.py): memory-mapped splits with their own vectorised batch reader.
+
+
+def _binary_materialized(data: DataConfig, model: ModelConfig) -> bool:
+    if not data.multi_hot or data.name != "criteo_binary" or data.multi_hot_source == "on_the_fly":
+        return False
+    from dlrm.data import binary
+
+    meta = binary.read_meta(data.dataset_dir)
+    mat = meta.get("multi_hot") or {}
+    have = bool(mat.get("materialized")) and mat.get("sizes") == list(model.multi_hot_sizes) and \
+        mat.get("seed") == data.multi_hot_seed
+    return have or data.multi_hot_source == "materialized"
+
+
+def make_multi_hot(data: DataConfig, model: ModelConfig) -> Optional[object]:
+    """The multi-hot expander for ``data`` (None when ``data.multi_hot`` is false): :class:`MultiHot` for
+    in-memory splits; for ``criteo_binary`` a ``binary.BinaryMultiHot`` (materialized files or on-the-fly
+    tables, ``data.multi_hot_source``), which never builds MLPerf-size tables in memory."""
+    if not data.multi_hot:
+        return None
+    if data.name == "criteo_binary":
+        from dlrm.data import binary
+
+        source = "materialized" if _binary_materialized(data, model) else "on_the_fly"
+        return binary.make_multi_hot(data.dataset_dir, binary.read_meta(data.dataset_dir), source,
+                                     model.multi_hot_sizes, data.multi_hot_seed)
+    return MultiHot(model.table_rows, model.multi_hot_sizes, data.multi_hot_seed)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -80,42 +80,9 @@ def read_tsv(path: str, max_rows: Optional[int] = None, config_key: str = "data.
             if blank_at:
                 raise TsvFormatError(f"{path}:{blank_at}: blank line before more rows; every line needs "
                                      f"{NUM_FIELDS} tab-separated fields (label, I1..I13, C1..C26): delete it")
-            fields = line.split("\t")
-            if len(fields) != NUM_FIELDS:
-                raise TsvFormatError(
-                    f"{path}:{lineno}: {len(fields)} tab-separated fields, expected {NUM_FIELDS} "
-                    "(label, I1..I13, C1..C26; missing values are empty fields, not absent ones)")
-            lab = fields[0]
-            if lab not in ("0", "1"):
-                raise TsvFormatError(f"{path}:{lineno}: label {lab!r} is not 0 or 1 (first field)")
-            labels.append(1 if lab == "1" else 0)
-            row_i = []
-            for j in range(NUM_INT):
-                v = fields[1 + j]
-                if v == "":
-                    row_i.append(0)
-                    continue
-                try:
-                    x = int(v)
-                except ValueError:
-                    raise TsvFormatError(f"{path}:{lineno}: integer feature I{j + 1} is {v!r}, not an integer "
-                                         "(leave the field empty for a missing value)") from None
-                row_i.append(x if x > 0 else 0)
-            ints.append(row_i)
-            row_c = []
-            for j in range(NUM_CAT):
-                v = fields[1 + NUM_INT + j]
-                if v == "":
-                    row_c.append(0)
-                    continue
-                try:
-                    c = int(v, 16)
-                except ValueError:
-                    c = -1
-                if not 0 <= c < 2**32:
-                    raise TsvFormatError(f"{path}:{lineno}: categorical feature C{j + 1} is {v!r}, not a 32-bit "
-                                         "hex value (leave the field empty for a missing value)")
-                row_c.append(c)
+            label, row_i, row_c = parse_line(line, path, lineno)
+            labels.append(label)
+            ints.append([x if x > 0 else 0 for x in row_i])
             cats.append(row_c)
     if not labels:
         raise TsvFormatError(f"{path}: empty file, no rows; expected lines of {NUM_FIELDS} tab-separated fields")
@@ -125,6 +92,53 @@ def read_tsv(path: str, max_rows: Optional[int] = None, config_key: str = "data.
         ints=ints_arr.reshape(-1, NUM_INT),
         cats=np.asarray(cats, dtype=np.int64).reshape(-1, NUM_CAT),
     )
+
+
+def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[int]]:
+    """Parse one non-blank line (without its line break) by the rules of :func:`read_tsv`.
+
+    Returns:
+        ``(label, ints, cats)``: label 0/1; the 13 integer features as written (negatives kept, missing: 0);
+        the 26 category hashes (missing: 0).
+
+    Raises:
+        TsvFormatError: wrong field count, label other than 0/1, non-integer ``I*``, ``C*`` not 32-bit hex;
+            the message names ``path:lineno``.
+    """
+    fields = line.split("\t")
+    if len(fields) != NUM_FIELDS:
+        raise TsvFormatError(
+            f"{path}:{lineno}: {len(fields)} tab-separated fields, expected {NUM_FIELDS} "
+            "(label, I1..I13, C1..C26; missing values are empty fields, not absent ones)")
+    lab = fields[0]
+    if lab not in ("0", "1"):
+        raise TsvFormatError(f"{path}:{lineno}: label {lab!r} is not 0 or 1 (first field)")
+    row_i = []
+    for j in range(NUM_INT):
+        v = fields[1 + j]
+        if v == "":
+            row_i.append(0)
+            continue
+        try:
+            row_i.append(int(v))
+        except ValueError:
+            raise TsvFormatError(f"{path}:{lineno}: integer feature I{j + 1} is {v!r}, not an integer "
+                                 "(leave the field empty for a missing value)") from None
+    row_c = []
+    for j in range(NUM_CAT):
+        v = fields[1 + NUM_INT + j]
+        if v == "":
+            row_c.append(0)
+            continue
+        try:
+            c = int(v, 16)
+        except ValueError:
+            c = -1
+        if not 0 <= c < 2**32:
+            raise TsvFormatError(f"{path}:{lineno}: categorical feature C{j + 1} is {v!r}, not a 32-bit "
+                                 "hex value (leave the field empty for a missing value)")
+        row_c.append(c)
+    return (1 if lab == "1" else 0), row_i, row_c
 
 
 def hash_to_rows(cats: np.ndarray, table_rows: Sequence[int]) -> np.ndarray:

@@ -1,0 +1,98 @@
+"""Loader throughput of ``data=criteo_binary``: samples/s per process, 1-hot, materialized multi-hot and
+on-the-fly multi-hot (MLPerf sizes, 214 ids per sample), on a generated dataset in the binary format.
+
+    python bench/loader.py --rows 10000000 --dir /tmp/dlrm_bench_loader
+
+The dataset (``--rows`` training rows in two days plus a small evaluation day, uniform ids over the MLPerf
+tables capped at ``--row-cap`` rows, materialized multi-hot and expansion tables) is generated once under
+``--dir`` and reused. Each mode iterates ``binary.train_batches`` (one process, world size 1, ``--batch`` rows
+per batch, KJTs built as the trainer gets them) for ``--seconds`` after ``--warmup`` batches, without and with
+the background prefetch thread. Nothing is trained: this is the input side only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS  # noqa: E402
+from dlrm.data import binary as B  # noqa: E402
+from dlrm.data import preprocess as P  # noqa: E402
+from dlrm.data.__init__ import train_plan  # noqa: E402
+from dlrm.model import FEATURE_NAMES  # noqa: E402
+
+
+def generate(root: str, rows: int, row_cap: int) -> None:
+    table_rows = [min(r, row_cap) for r in MLPERF_NUM_EMBEDDINGS]
+    meta_path = os.path.join(root, B.META)
+    if os.path.isfile(meta_path):
+        meta = json.load(open(meta_path))
+        if sum(d["rows"] for d in meta["days"][:-1]) == rows and meta["table_rows"] == table_rows and \
+                (meta.get("multi_hot") or {}).get("materialized"):
+            return
+    t0 = time.perf_counter()
+    g = np.random.default_rng(0)
+    days = []
+    for n in (rows // 2, rows - rows // 2, 65536):
+        dense = np.log1p(g.exponential(20.0, (n, 13))).astype(np.float32)
+        ids = np.empty((n, 26), dtype=np.int32)
+        for t, r in enumerate(table_rows):
+            ids[:, t] = g.integers(0, r, n)
+        days.append((dense, ids, (g.random(n) < 0.03).astype(np.int32)))
+    B.write_dataset(root, days, table_rows)
+    del days
+    P.multihot(out=root, sizes=MLPERF_MULTI_HOT_SIZES, seed=0, materialize=True, workers=1)
+    print(f"generated {root} in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def measure(root: str, mode: str, batch: int, seconds: float, warmup: int, prefetch: int) -> dict:
+    meta = B.read_meta(root)
+    train, _, _ = B.load_splits(root, meta["table_rows"], None, multi_hot_files=mode == "materialized")
+    mh = None if mode == "one_hot" else B.make_multi_hot(root, meta, mode, MLPERF_MULTI_HOT_SIZES, 0)
+    plan = train_plan(len(train), batch, 1)
+    it = B.train_batches(train, plan=plan, rank=0, epochs=1, max_steps=None, feature_names=FEATURE_NAMES,
+                         multi_hot=mh, prefetch=prefetch, pin_memory=False)
+    ids = 0
+    for _ in range(warmup):
+        next(it)
+    n, t0 = 0, time.perf_counter()
+    for b in it:
+        n += b.labels.shape[0]
+        ids += b.sparse_features.values().numel()
+        if time.perf_counter() - t0 >= seconds:
+            break
+    dt = time.perf_counter() - t0
+    if hasattr(it, "close"):
+        it.close()
+    return {"mode": mode, "prefetch": prefetch, "batch": batch, "samples": n, "seconds": round(dt, 3),
+            "samples_per_s": round(n / dt), "ids_per_sample": ids // max(n, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--dir", default="/tmp/dlrm_bench_loader")
+    ap.add_argument("--row-cap", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, default=16384)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--modes", default="one_hot,materialized,on_the_fly")
+    args = ap.parse_args()
+    generate(args.dir, args.rows, args.row_cap)
+    print(f"host {platform.node()} {os.cpu_count()} cpus, numpy {np.__version__}; {args.rows:,} train rows, batch "
+          f"{args.batch}", flush=True)
+    for mode in args.modes.split(","):
+        for prefetch in (0, 2):
+            print(json.dumps(measure(args.dir, mode, args.batch, args.seconds, args.warmup, prefetch)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Preprocess Criteo click logs into the binary format that ``data=criteo_binary`` memory-maps.
+
+Criteo 1TB (day_0 .. day_23, plain or .gz), MLPerf tables and dense transform, 16 processes::
+
+    python data/preprocess_criteo.py --layout terabyte --input-dir /data/criteo1tb --out /data/criteo_bin \\
+        --days 0-23 --dense-transform mlperf --workers 16
+
+Kaggle ``train.txt`` (cut into 7 days; day 6 validates / tests), original DLRM dense transform::
+
+    python data/preprocess_criteo.py --layout kaggle --input train.txt --out /data/kaggle_bin --dense-transform log1p
+
+MLPerf multi-hot (uniform, seed 0): expansion tables only (about 23 GB, for on-the-fly multi-hot), or also
+materialized per day (about 3.8 TB for 1TB)::
+
+    python data/preprocess_criteo.py multihot --out /data/criteo_bin --mode tables
+    python data/preprocess_criteo.py multihot --out /data/criteo_bin --mode materialize --workers 16
+
+Check the written files against the sha256s in meta.json::
+
+    python data/preprocess_criteo.py verify --out /data/criteo_bin
+
+Runs are resumable: a killed run, re-run with the same arguments, redoes only the unfinished days. Memory: about
+100 MB per worker. Format, splits and transforms: docs/data.md and dlrm/data/binary.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS  # noqa: E402
+from dlrm.data import preprocess as P  # noqa: E402
+from dlrm.data.binary import BinaryFormatError  # noqa: E402
+from dlrm.data.criteo_tsv import TsvFormatError  # noqa: E402
+
+
+def _days(spec: str) -> List[int]:
+    out: List[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _ints(spec: str, mlperf: List[int], what: str) -> List[int]:
+    return list(mlperf) if spec == "mlperf" else [int(x) for x in spec.split(",")]
+
+
+def main(argv: List[str]) -> int:
+    if argv and argv[0] in ("multihot", "verify"):
+        cmd, argv = argv[0], argv[1:]
+    else:
+        cmd = "convert"
+    ap = argparse.ArgumentParser(prog=f"preprocess_criteo.py {cmd if cmd != 'convert' else ''}".strip(),
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="dataset directory")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (days run in parallel)")
+    if cmd == "convert":
+        ap.add_argument("--layout", choices=("terabyte", "kaggle"), required=True)
+        ap.add_argument("--input-dir", help="terabyte: directory with day_N or day_N.gz")
+        ap.add_argument("--input", help="kaggle: train.txt (or .gz)")
+        ap.add_argument("--days", default="0-23", help="terabyte days, e.g. 0-23 or 0,1,23; the last one evaluates")
+        ap.add_argument("--dense-transform", choices=P.TRANSFORMS, default="mlperf")
+        ap.add_argument("--dense-min", type=int, default=None,
+                        help="fix m of the mlperf transform instead of taking the training days' minimum")
+        ap.add_argument("--table-rows", default="mlperf", help="26 comma-separated table sizes, or mlperf")
+        ap.add_argument("--row-cap", type=int, default=None, help="cap every table at this many rows")
+        ap.add_argument("--block-mb", type=int, default=8, help="read/parse block size per worker (MiB)")
+        ap.add_argument("--keep-raw-dense", action="store_true",
+                        help="keep day_N_dense_raw.npy (int32 counts) to re-derive the other transform later")
+    elif cmd == "multihot":
+        ap.add_argument("--mode", choices=("tables", "materialize"), default="tables")
+        ap.add_argument("--sizes", default="mlperf", help="26 comma-separated multi-hot sizes, or mlperf")
+        ap.add_argument("--seed", type=int, default=0, help="legacy numpy seed (MLPerf reference: 0)")
+    args = ap.parse_args(argv)
+    try:
+        if cmd == "verify":
+            bad = P.verify(args.out)
+            for p in bad:
+                print(f"MISMATCH {p}", file=sys.stderr)
+            print("all files match meta.json" if not bad else f"{len(bad)} file(s) differ from meta.json")
+            return 1 if bad else 0
+        if cmd == "multihot":
+            sizes = _ints(args.sizes, MLPERF_MULTI_HOT_SIZES, "--sizes")
+            P.multihot(out=args.out, sizes=sizes, seed=args.seed, materialize=args.mode == "materialize",
+                       workers=args.workers)
+            return 0
+        rows = _ints(args.table_rows, MLPERF_NUM_EMBEDDINGS, "--table-rows")
+        if args.row_cap:
+            rows = [min(r, args.row_cap) for r in rows]
+        if args.layout == "terabyte":
+            if not args.input_dir:
+                ap.error("--layout terabyte needs --input-dir")
+            days = _days(args.days)
+            inputs = P.find_day_files(args.input_dir, days)
+        else:
+            if not args.input:
+                ap.error("--layout kaggle needs --input train.txt")
+            days, inputs = [], [args.input]
+        meta = P.preprocess(out=args.out, layout=args.layout, inputs=inputs, days=days, table_rows=rows,
+                            transform=args.dense_transform, workers=args.workers,
+                            block_bytes=args.block_mb << 20, keep_raw=args.keep_raw_dense,
+                            dense_min=args.dense_min)
+    except (TsvFormatError, P.PreprocessError, BinaryFormatError) as e:
+        print(f"FAIL {e}", file=sys.stderr)
+        return 1
+    n = sum(d["rows"] for d in meta["days"])
+    print(f"{args.out}: {len(meta['days'])} days, {n:,} rows; dense {meta['dense_transform_formula']}"
+          + (f", m = {meta['dense_min']}" if meta["dense_min"] is not None else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

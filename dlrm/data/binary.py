@@ -1,0 +1,579 @@
+"""The preprocessed Criteo binary format and its memory-mapped loader (``data=criteo_binary``).
+
+On-disk layout (one directory; MLPerf / torchrec ``tsv_to_npys`` per-day files, readable by ``np.load``)::
+
+    meta.json                         format, days and rows, table sizes, dense transform and its m, splits, sha256s
+    day_{d}_dense.npy                 float32 [N_d, 13]  transformed dense features
+    day_{d}_sparse.npy                int32   [N_d, 26]  1-hot ids, already hashed: 0 <= id < table_rows[t]
+    day_{d}_labels.npy                int32   [N_d, 1]   0 or 1
+    day_{d}_sparse_multi_hot.npy      int32   [N_d * 214] optional materialized multi-hot, feature-major per day:
+                                      table t's [N_d, m_t] block starts at N_d * sum(m_0..m_{t-1})
+    multi_hot_tables/table_XX.npy     int32   [rows_t, m_t] optional expansion tables for on-the-fly multi-hot
+
+Splits (MLPerf, torchrec ``InMemoryBinaryCriteoIterDataPipe``): the last day in ``meta.json`` is the evaluation
+day (MLPerf: day 23); train = every other day (days 0-22), validation = its first ``ceil(N/2)`` rows, test = the
+rest (89,137,319 validation samples for day 23).
+
+Loader: every batch is a contiguous row range (rank ``r`` takes the ``r``-th block of global batch ``i``, as
+:mod:`dlrm.data` lays out in-memory splits), read from the memory maps with one vectorised copy per array
+(``np.copyto`` / ``np.take``, which release the GIL) into a pinned buffer (when CUDA is present), then wrapped
+into a KJT whose lengths and offsets are constants of the batch size. A background thread keeps
+``data.prefetch`` batches ready. Why our own loader rather than torchrec's ``InMemoryBinaryCriteoIterDataPipe``:
+that one loads whole days into RAM (hundreds of GB for 1TB) and builds no multi-hot.
+
+Bad files raise :class:`BinaryFormatError` naming the file and row: truncated files, row counts that differ
+between dense, sparse and labels, ids at or above their table size (never remapped).
+
+Benchmark: ``python bench/loader.py --rows 10000000``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm.data import multihot as mh_mod
+
+FORMAT = "dlrm-criteo-binary"
+VERSION = 1
+NUM_DENSE = 13
+NUM_SPARSE = 26
+META = "meta.json"
+HEADER_BYTES = 128  # fixed .npy header size, so a streamed file's header can be rewritten in place
+
+
+class BinaryFormatError(ValueError):
+    """A preprocessed dataset is missing, inconsistent or corrupt; the message names the file, row and fix."""
+
+
+def day_file(root: str, day: int, kind: str) -> str:
+    """Path of ``day_{day}_{kind}.npy`` (kind: dense, sparse, labels, sparse_multi_hot, dense_raw)."""
+    return os.path.join(root, f"day_{day}_{kind}.npy")
+
+
+# ------------------------------------------------------------------------------------------- .npy streaming
+def _header(dtype: np.dtype, shape: Tuple[int, ...]) -> bytes:
+    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    body = repr(d).encode("latin1")
+    pad = HEADER_BYTES - 10 - len(body) - 1
+    if pad < 0:
+        raise ValueError(f"shape {shape} does not fit a {HEADER_BYTES}-byte .npy header")
+    return b"\x93NUMPY\x01\x00" + (HEADER_BYTES - 10).to_bytes(2, "little") + body + b" " * pad + b"\n"
+
+
+class NpyWriter:
+    """Append rows to a ``.npy`` file whose row count is unknown until the end (bounded memory).
+
+    Writes ``path + '.partial'`` with a placeholder header; :meth:`close` rewrites the header with the real row
+    count and returns it. The caller renames the file once the whole day is done (resumability).
+    """
+
+    def __init__(self, path: str, dtype: Any, cols: Optional[int]) -> None:
+        self.path, self.dtype, self.cols, self.rows = path, np.dtype(dtype), cols, 0
+        self.f = open(path + ".partial", "wb")
+        self.f.write(_header(self.dtype, (0,) if cols is None else (0, cols)))
+
+    def append(self, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        self.f.write(arr.data)
+        self.rows += arr.shape[0]
+
+    def close(self) -> int:
+        self.f.seek(0)
+        self.f.write(_header(self.dtype, (self.rows,) if self.cols is None else (self.rows, self.cols)))
+        self.f.close()
+        return self.rows
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 24)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = None) -> np.ndarray:
+    """Memory-map a ``.npy`` file after checking dtype, columns, row count and that the file is complete.
+
+    Raises:
+        BinaryFormatError: missing file, wrong dtype/shape, truncated data (names the first incomplete row), or a
+            row count other than ``rows``.
+    """
+    if not os.path.isfile(path):
+        raise BinaryFormatError(f"{path}: missing; re-run data/preprocess_criteo.py for this day (it resumes)")
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            shape, fortran, dt = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                  else np.lib.format.read_array_header_2_0(f))
+        except ValueError as e:
+            raise BinaryFormatError(f"{path}: not a .npy file ({e}); re-run data/preprocess_criteo.py") from None
+        offset = f.tell()
+    want = (cols,) if cols is not None else ()
+    if dt != np.dtype(dtype) or fortran or tuple(shape[1:]) != want:
+        raise BinaryFormatError(f"{path}: {dt} {shape}, expected {np.dtype(dtype)} [N{', ' + str(cols) if cols else ''}]"
+                                "; the file is not from data/preprocess_criteo.py")
+    row_bytes = dt.itemsize * (cols or 1)
+    have = os.path.getsize(path) - offset
+    if have < shape[0] * row_bytes:
+        raise BinaryFormatError(
+            f"{path}: truncated: {have} data bytes for {shape[0]} rows of {row_bytes} bytes; row {have // row_bytes} "
+            "is the first incomplete one. Re-run data/preprocess_criteo.py for this day (delete its "
+            "day_*.done.json marker to force it)")
+    if rows is not None and shape[0] != rows:
+        raise BinaryFormatError(f"{path}: {shape[0]} rows, but {META} and the other files of this day have {rows}; "
+                                "the day's files come from different runs: re-run data/preprocess_criteo.py for it")
+    if shape[0] == 0:
+        return np.zeros(shape, dtype=dt)
+    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=tuple(shape))
+
+
+# -------------------------------------------------------------------------------------------------- meta
+def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]:
+    path = os.path.join(root, META)
+    if not os.path.isfile(path):
+        raise BinaryFormatError(f"config key `{config_key}`: {root!r} has no {META}; build the dataset with "
+                                "`python data/preprocess_criteo.py --layout terabyte --input-dir <day files> "
+                                f"--out {root}`")
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f)
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise BinaryFormatError(f"{path}: format {meta.get('format')!r} v{meta.get('version')}, expected {FORMAT!r} "
+                                f"v{VERSION}; rebuild with data/preprocess_criteo.py")
+    return meta
+
+
+def split_ranges(meta: Dict[str, Any]) -> Dict[str, List[Tuple[int, int, int]]]:
+    """``{train, val, test}`` -> list of ``(day, first_row, stop_row)``: the last day evaluates (its first
+    ``ceil(N/2)`` rows validate, the rest test), every other day trains (MLPerf: days 0-22 / 23)."""
+    days = meta["days"]
+    if len(days) < 2:
+        raise BinaryFormatError(f"{META} lists {len(days)} day(s); the splits need training days and one evaluation "
+                                "day (the last)")
+    ev = days[-1]
+    half = (ev["rows"] + 1) // 2
+    return {"train": [(d["day"], 0, d["rows"]) for d in days[:-1]],
+            "val": [(ev["day"], 0, half)], "test": [(ev["day"], half, ev["rows"])]}
+
+
+# ------------------------------------------------------------------------------------------------- split
+@dataclass
+class _Piece:
+    day: int
+    lo: int          # first row in the day file
+    n: int           # rows
+    start: int       # first row in the split
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: np.ndarray
+    multi_hot: Optional[np.ndarray]
+    day_rows: int
+
+
+class BinarySplit:
+    """A split of a preprocessed dataset: a concatenation of row ranges of day files, memory-mapped.
+
+    Quacks like :class:`dlrm.data.Split` where the trainer needs it (``len``, ``name``, ``source``,
+    ``describe_rows``); :func:`dlrm.data.train_batches` / ``eval_batches`` hand it to :func:`train_batches` /
+    :func:`eval_batches` here.
+    """
+
+    def __init__(self, root: str, meta: Dict[str, Any], name: str, ranges: Sequence[Tuple[int, int, int]],
+                 max_rows: Optional[int] = None, multi_hot_files: bool = False) -> None:
+        self.root, self.name, self.source = root, name, root
+        self.prefetch: int = 2  # loader settings (data.prefetch / data.pin_memory), set by load_splits
+        self.pin_memory: Optional[bool] = None
+        self.table_rows = np.asarray(meta["table_rows"], dtype=np.int64)
+        rows_of = {d["day"]: d["rows"] for d in meta["days"]}
+        self.pieces: List[_Piece] = []
+        start = 0
+        for day, lo, hi in ranges:
+            if max_rows is not None:
+                hi = min(hi, lo + max_rows - start)
+            if hi <= lo:
+                continue
+            n_day = rows_of[day]
+            mh = None
+            if multi_hot_files:
+                mh = open_npy(day_file(root, day, "sparse_multi_hot"), np.int32, None,
+                              n_day * int(sum(meta["multi_hot"]["sizes"])))
+            self.pieces.append(_Piece(
+                day, lo, hi - lo, start,
+                open_npy(day_file(root, day, "dense"), np.float32, NUM_DENSE, n_day),
+                open_npy(day_file(root, day, "sparse"), np.int32, NUM_SPARSE, n_day),
+                open_npy(day_file(root, day, "labels"), np.int32, 1, n_day), mh, n_day))
+            start += hi - lo
+        self.n = start
+        self._starts = np.asarray([p.start for p in self.pieces], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def locate(self, start: int, stop: int) -> List[Tuple[_Piece, int, int, int]]:
+        """``(piece, first_row_in_day, rows, offset_in_batch)`` covering split rows ``[start, stop)``."""
+        out = []
+        i = int(np.searchsorted(self._starts, start, side="right")) - 1
+        pos = start
+        while pos < stop:
+            p = self.pieces[i]
+            n = min(stop, p.start + p.n) - pos
+            out.append((p, p.lo + pos - p.start, n, pos - start))
+            pos += n
+            i += 1
+        return out
+
+    def describe_rows(self, start: int, stop: int) -> str:
+        """Where split rows ``[start, stop)`` are, e.g. ``/data/bin day_3 rows 100-163`` (0-based file rows)."""
+        parts = [f"day_{p.day} rows {lo}-{lo + n - 1}" for p, lo, n, _ in self.locate(start, stop)]
+        return f"{self.root} " + ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------- multi-hot
+class BinaryMultiHot:
+    """How a binary split's batches get multi-hot ids.
+
+    ``mode``: ``materialized`` (read ``day_*_sparse_multi_hot.npy``) or ``on_the_fly`` (gather from the MLPerf
+    expansion tables: ``multi_hot_tables/`` memory-mapped when present, else built in memory).
+    """
+
+    def __init__(self, mode: str, sizes: Sequence[int], table_rows: Sequence[int], seed: int,
+                 tables: Optional[List[Optional[np.ndarray]]] = None) -> None:
+        self.mode, self.sizes, self.seed = mode, [int(m) for m in sizes], seed
+        self.table_rows = [int(r) for r in table_rows]
+        self.tables = tables
+
+
+def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int
+                   ) -> BinaryMultiHot:
+    """Pick materialized or on-the-fly multi-hot for ``data.multi_hot_source`` (auto: materialized if on disk).
+
+    Raises:
+        BinaryFormatError: ``materialized`` asked for but the dataset has none, or built with other sizes/seed.
+    """
+    mat = meta.get("multi_hot") or {}
+    have = bool(mat.get("materialized")) and mat.get("sizes") == list(sizes) and mat.get("seed") == seed
+    if source == "materialized" and not have:
+        raise BinaryFormatError(
+            f"config key `data.multi_hot_source`: {root} has no materialized multi-hot for sizes "
+            f"{list(sizes)} seed {seed} ({META}: {mat or 'none'}); run `python data/preprocess_criteo.py multihot "
+            f"--out {root} --mode materialize` or set data.multi_hot_source=on_the_fly")
+    rows = meta["table_rows"]
+    if source == "materialized" or (source == "auto" and have):
+        return BinaryMultiHot("materialized", sizes, rows, seed)
+    tables = mh_mod.load_tables(os.path.join(root, mh_mod.TABLES_DIR), rows, sizes, seed)
+    if tables is None:
+        need = sum(r * m * 4 for r, m in zip(rows, sizes) if m > 1)
+        if need > 16 * 2**30:
+            raise BinaryFormatError(
+                f"config key `data.multi_hot_source`: on-the-fly multi-hot needs expansion tables of "
+                f"{need / 2**30:.1f} GiB; build them on disk once with `python data/preprocess_criteo.py multihot "
+                f"--out {root} --mode tables` (memory-mapped afterwards)")
+        tables = mh_mod.build_tables(rows, sizes, seed)
+    return BinaryMultiHot("on_the_fly", sizes, rows, seed, tables)
+
+
+# ------------------------------------------------------------------------------------------------ batches
+class _Layout:
+    """Constant parts of a KJT for batch size ``b``: lengths, offsets, per-key lengths and sections."""
+
+    def __init__(self, b: int, sizes: Sequence[int]) -> None:
+        self.b = b
+        self.sizes = list(sizes)
+        self.length_per_key = [b * m for m in self.sizes]
+        self.offset_per_key = [0] + list(np.cumsum(self.length_per_key).tolist())
+        lengths = np.repeat(np.asarray(self.sizes, dtype=np.int32), b)
+        self.lengths = torch.from_numpy(lengths)
+        self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        self.total = self.offset_per_key[-1]
+
+
+class BatchReader:
+    """Assemble ``Batch`` objects from a :class:`BinarySplit` with vectorised copies (no per-sample loops).
+
+    Args:
+        split: the rows.
+        feature_names: KJT keys, one per table (26).
+        multi_hot: None for 1-hot ids, else a :class:`BinaryMultiHot`.
+        pin_memory: allocate batches in pinned host memory (None: when CUDA is available).
+
+    Batches: dense float32 ``[B, 13]``, labels float32 ``[B]``, KJT values int32 (feature-major, table ``t``'s
+    ``B * m_t`` ids together), lengths int32 ``[26 * B]``.
+    """
+
+    def __init__(self, split: BinarySplit, feature_names: Sequence[str], multi_hot: Optional[BinaryMultiHot],
+                 pin_memory: Optional[bool] = None) -> None:
+        self.split, self.keys, self.mh = split, list(feature_names), multi_hot
+        if len(self.keys) != NUM_SPARSE:
+            raise ValueError(f"{len(self.keys)} feature names for {NUM_SPARSE} tables")
+        self.sizes = multi_hot.sizes if multi_hot is not None else [1] * NUM_SPARSE
+        if multi_hot is not None and multi_hot.table_rows != split.table_rows.tolist():
+            raise BinaryFormatError(f"{split.root}: multi-hot built for table rows {multi_hot.table_rows}, the dataset "
+                                    f"has {split.table_rows.tolist()}")
+        self.pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._layouts: Dict[int, _Layout] = {}
+        self._rows_u32 = split.table_rows.astype(np.uint32)
+
+    def _layout(self, b: int) -> _Layout:
+        if b not in self._layouts:
+            self._layouts[b] = _Layout(b, self.sizes)
+        return self._layouts[b]
+
+    def _empty(self, shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+
+    def read(self, start: int, stop: int, pad_to: Optional[int] = None) -> Batch:
+        """Rows ``[start, stop)`` of the split; with ``pad_to``, followed by copies of split row 0 up to
+        ``pad_to`` rows (evaluation padding, weight 0).
+
+        Raises:
+            BinaryFormatError: an id at or above its table size (or negative), naming file, row and feature.
+        """
+        n = stop - start
+        b = pad_to if pad_to is not None else n
+        lay = self._layout(b)
+        dense_t = self._empty((b, NUM_DENSE), torch.float32)
+        labels_t = self._empty((b,), torch.float32)
+        ids_t = torch.empty((NUM_SPARSE, b), dtype=torch.int32)
+        dense, labels, ids = dense_t.numpy(), labels_t.numpy(), ids_t.numpy()
+        mat = self.mh is not None and self.mh.mode == "materialized"
+        values_t = ids_t.view(-1) if self.mh is None else self._empty((lay.total,), torch.int32)
+        values = values_t.numpy()
+        pieces = self.split.locate(start, stop)
+        if b > n:  # padding: split row 0 read once at position n, copied to the rest below
+            p0, lo0, _, _ = self.split.locate(0, 1)[0]
+            pieces.append((p0, lo0, 1, n))
+        for p, lo, cnt, off in pieces:
+            sl = slice(off, off + cnt)
+            np.copyto(dense[sl], p.dense[lo:lo + cnt])
+            np.copyto(labels[sl], p.labels[lo:lo + cnt, 0], casting="unsafe")
+            np.copyto(ids[:, sl], p.sparse[lo:lo + cnt].T)
+            if mat:
+                base = 0
+                for t, m in enumerate(self.sizes):
+                    src = p.multi_hot[p.day_rows * base + lo * m:p.day_rows * base + (lo + cnt) * m]
+                    o = lay.offset_per_key[t]
+                    np.copyto(values[o + off * m:o + (off + cnt) * m], src)
+                    base += m
+        if b > n:
+            pad = slice(n + 1, b)
+            dense[pad] = dense[n]
+            labels[pad] = labels[n]
+            ids[:, pad] = ids[:, n:n + 1]
+            if mat:
+                for t, m in enumerate(self.sizes):
+                    o = lay.offset_per_key[t]
+                    sec = values[o:o + b * m].reshape(b, m)
+                    sec[n + 1:] = sec[n]
+        self._check(ids, pieces, "sparse")
+        if mat:
+            for t, m in enumerate(self.sizes):
+                o = lay.offset_per_key[t]
+                sec = values[o:o + b * m].view(np.uint32)
+                if sec.max(initial=0) >= self._rows_u32[t]:
+                    self._bad(sec.reshape(b, m).max(axis=1), t, pieces, "sparse_multi_hot")
+        elif self.mh is not None:
+            mh_mod.expand_into(self.mh.tables, self.sizes, ids, values, lay.offset_per_key)
+        kjt = KeyedJaggedTensor(
+            keys=self.keys, values=values_t, lengths=lay.lengths, offsets=lay.offsets, stride=b,
+            length_per_key=lay.length_per_key, offset_per_key=lay.offset_per_key)
+        return Batch(dense_features=dense_t, sparse_features=kjt, labels=labels_t)
+
+    def _check(self, ids: np.ndarray, pieces: list, kind: str) -> None:
+        top = ids.view(np.uint32).max(axis=1, initial=0)  # negative ids become huge: one pass catches both
+        bad = np.flatnonzero(top >= self._rows_u32)
+        if bad.size:
+            t = int(bad[0])
+            self._bad(ids[t].view(np.uint32), t, pieces, kind)
+
+    def _bad(self, col_u32: np.ndarray, t: int, pieces: list, kind: str) -> None:
+        k = int(np.flatnonzero(col_u32 >= self._rows_u32[t])[0])
+        for p, lo, cnt, off in pieces:
+            if off <= k < off + cnt:
+                row = lo + k - off
+                val = int(p.sparse[row, t]) if kind == "sparse" else int(col_u32[k].astype(np.int32))
+                raise BinaryFormatError(
+                    f"{day_file(self.split.root, p.day, kind)}: row {row} (0-based), feature C{t + 1}: id {val} is "
+                    f"outside table {t}'s {int(self.split.table_rows[t])} rows (ids are never remapped); the file "
+                    "is corrupt or was built for other table sizes: re-run data/preprocess_criteo.py")
+        raise AssertionError("bad id outside the batch")
+
+
+class Prefetcher:
+    """Run an iterator in a background thread, ``depth`` items ahead; exceptions surface in the consumer.
+
+    The thread stops when the consumer stops iterating (generator closed or garbage-collected) or on
+    :meth:`close`.
+    """
+
+    _DONE = object()
+
+    def __init__(self, it: Iterator[Any], depth: int) -> None:
+        self.q: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, depth))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(it,), daemon=True, name="dlrm-prefetch")
+        self.thread.start()
+
+    def _run(self, it: Iterator[Any]) -> None:
+        try:
+            for item in it:
+                while not self.stop.is_set():
+                    try:
+                        self.q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self.stop.is_set():
+                    return
+            self._put(self._DONE)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            self._put(e)
+
+    def _put(self, item: Any) -> None:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            while True:
+                item = self.q.get()
+                if item is self._DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def _prefetched(gen: Iterator[Any], depth: int) -> Iterator[Any]:
+    return iter(Prefetcher(gen, depth)) if depth > 0 else gen
+
+
+def train_batches(split: BinarySplit, *, plan: Sequence[Tuple[int, int]], rank: int, epochs: int,
+                  max_steps: Optional[int], feature_names: Sequence[str], multi_hot: Optional[BinaryMultiHot],
+                  prefetch: int = 2, pin_memory: Optional[bool] = None) -> Iterator[Batch]:
+    """This rank's training batches: for each ``(start, size)`` of ``plan`` (``dlrm.data.train_plan``), rows
+    ``[start + rank*size, start + (rank+1)*size)``; every rank gets the same count and sizes."""
+    reader = BatchReader(split, feature_names, multi_hot, pin_memory)
+
+    def gen() -> Iterator[Batch]:
+        step = 0
+        for _ in range(epochs):
+            for start, size in plan:
+                if max_steps is not None and step >= max_steps:
+                    return
+                yield reader.read(start + rank * size, start + (rank + 1) * size)
+                step += 1
+
+    return _prefetched(gen(), prefetch)
+
+
+def eval_batches(split: BinarySplit, *, batch_size: int, rank: int, world_size: int,
+                 feature_names: Sequence[str], multi_hot: Optional[BinaryMultiHot], prefetch: int = 2,
+                 pin_memory: Optional[bool] = None) -> Iterator[Tuple[Batch, torch.Tensor]]:
+    """``(batch, weight)`` of this rank's contiguous share, the layout of ``dlrm.data.eval_batches``: every
+    rank yields the same number of full batches; padding rows (copies of split row 0) weigh 0."""
+    reader = BatchReader(split, feature_names, multi_hot, pin_memory)
+    n = len(split)
+    bounds = [n * r // world_size for r in range(world_size + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    longest = max(bounds[r + 1] - bounds[r] for r in range(world_size))
+
+    def gen() -> Iterator[Tuple[Batch, torch.Tensor]]:
+        for i in range(math.ceil(longest / batch_size)):
+            start = lo + i * batch_size
+            real = max(0, min(batch_size, hi - start))
+            weight = torch.zeros(batch_size)
+            weight[:real] = 1.0
+            if real == 0:
+                yield reader.read(0, 0, pad_to=batch_size), weight
+            else:
+                yield reader.read(start, start + real, pad_to=batch_size), weight
+
+    return _prefetched(gen(), prefetch)
+
+
+# ------------------------------------------------------------------------------------------ trainer entry
+def load_splits(root: str, table_rows: Sequence[int], max_rows: Optional[int], multi_hot_files: bool,
+                prefetch: int = 2, pin_memory: Optional[bool] = None) -> Tuple[BinarySplit, BinarySplit, BinarySplit]:
+    """Train, validation and test splits of the dataset at ``root`` (MLPerf split rule, see module doc).
+
+    Raises:
+        BinaryFormatError: no ``meta.json``; the dataset's table sizes differ from ``model`` table rows (the ids
+            were hashed into other sizes); a day file is missing, truncated or disagrees on its row count.
+    """
+    meta = read_meta(root)
+    if [int(r) for r in meta["table_rows"]] != [int(r) for r in table_rows]:
+        raise BinaryFormatError(
+            f"config key `model.num_embeddings_per_feature` / `model.row_cap`: the model's table rows "
+            f"{list(table_rows)} differ from those {root} was hashed into ({meta['table_rows']}); set the model's "
+            "rows to the dataset's or rebuild the dataset with data/preprocess_criteo.py --table-rows")
+    r = split_ranges(meta)
+    out = (BinarySplit(root, meta, "train", r["train"], max_rows, multi_hot_files),
+           BinarySplit(root, meta, "val", r["val"], None, multi_hot_files),
+           BinarySplit(root, meta, "test", r["test"], None, multi_hot_files))
+    for s in out:
+        s.prefetch, s.pin_memory = prefetch, pin_memory
+    return out
+
+
+def write_dataset(root: str, days: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]], table_rows: Sequence[int],
+                  dense_transform: str = "log1p", dense_min: Optional[int] = None,
+                  first_day: int = 0) -> Dict[str, Any]:
+    """Write already-transformed arrays as a dataset (tests and ``bench/loader.py``; real data goes through
+    ``data/preprocess_criteo.py``). ``days``: ``(dense float32 [N,13], ids int32 [N,26], labels int [N])``."""
+    os.makedirs(root, exist_ok=True)
+    entries = []
+    for i, (dense, ids, labels) in enumerate(days):
+        d = first_day + i
+        files = {}
+        for kind, arr in (("dense", np.asarray(dense, np.float32)), ("sparse", np.asarray(ids, np.int32)),
+                          ("labels", np.asarray(labels, np.int32).reshape(-1, 1))):
+            w = NpyWriter(day_file(root, d, kind), arr.dtype, arr.shape[1])
+            for lo in range(0, arr.shape[0], 1 << 20):
+                w.append(arr[lo:lo + (1 << 20)])
+            w.close()
+            os.replace(day_file(root, d, kind) + ".partial", day_file(root, d, kind))
+            files[os.path.basename(day_file(root, d, kind))] = sha256_file(day_file(root, d, kind))
+        entries.append({"day": d, "rows": int(labels.shape[0]), "files": files})
+    meta = {"format": FORMAT, "version": VERSION, "layout": "arrays", "days": entries,
+            "table_rows": [int(r) for r in table_rows], "dense_transform": dense_transform, "dense_min": dense_min,
+            "multi_hot": None}
+    write_meta(root, meta)
+    return meta
+
+
+def write_meta(root: str, meta: Dict[str, Any]) -> None:
+    tmp = os.path.join(root, META + ".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(tmp, os.path.join(root, META))
+
+
+def parse_header_shape(path: str) -> Tuple[int, ...]:
+    """Shape in a ``.npy`` header (tests)."""
+    with open(path, "rb") as f:
+        f.read(10)
+        return tuple(ast.literal_eval(f.read(HEADER_BYTES - 10).decode("latin1").strip())["shape"])

@@ -1,0 +1,253 @@
+"""data=criteo_binary: multi-hot equal to the MLPerf reference procedure (materialized and on the fly), the
+memory-mapped loader equal to the in-memory path, rank layout, MLPerf splits, bad files, and the trainer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+import torch
+
+import dlrm.data as D
+from dlrm.config import compose, to_config
+from dlrm.data import binary as B
+from dlrm.data import multihot as MH
+from dlrm.data import preprocess as P
+from dlrm.model import FEATURE_NAMES
+from conftest import run_gloo
+
+ROWS = [50, 7, 300, 3, 1000, 3, 20, 11, 63, 50, 90, 40, 10, 22, 19, 155, 4, 97, 14, 50, 400, 50, 59, 13, 108, 36]
+SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]  # MLPerf sizes
+
+
+def reference_tables(rows: List[int], sizes: List[int]) -> List[np.ndarray]:
+    """The MLPerf reference procedure (torchrec_dlrm/multi_hot.py), written out: seed numpy's global legacy
+    generator with 0, then per table in order ``randint(0, rows, (rows, m - 1))`` behind the id itself, int32."""
+    np.random.seed(0)
+    out = []
+    for r, m in zip(rows, sizes):
+        extra = np.random.randint(0, r, size=(r, m - 1))
+        out.append(np.concatenate([np.arange(r)[:, None], extra], axis=1).astype(np.int32))
+    return out
+
+
+def make_days(n_rows: List[int], seed: int = 0):
+    g = np.random.default_rng(seed)
+    days = []
+    for n in n_rows:
+        dense = g.standard_normal((n, 13)).astype(np.float32)
+        ids = np.stack([g.integers(0, r, n) for r in ROWS], axis=1).astype(np.int32)
+        days.append((dense, ids, (g.random(n) < 0.3).astype(np.int32)))
+    return days
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bin")
+    B.write_dataset(str(root), make_days([700, 555, 403]), ROWS)
+    P.multihot(out=str(root), sizes=SIZES, seed=0, materialize=True, workers=1)
+    return root
+
+
+def whole(ds: Path):
+    days = [(np.load(ds / f"day_{d}_dense.npy"), np.load(ds / f"day_{d}_sparse.npy"),
+             np.load(ds / f"day_{d}_labels.npy")) for d in range(3)]
+    return days
+
+
+def test_multi_hot_equals_reference_procedure(ds: Path) -> None:
+    ref = reference_tables(ROWS, SIZES)
+    for chunk in (7, 64, 1 << 17):  # chunked draws are the reference's single draw
+        tabs = MH.build_tables(ROWS, SIZES, seed=0, chunk_rows=chunk)
+        for t, m in enumerate(SIZES):
+            if m == 1:
+                assert tabs[t] is None
+            else:
+                np.testing.assert_array_equal(tabs[t], ref[t])
+    # the existing in-memory MultiHot (int64) holds the same tables
+    mem = D.MultiHot(ROWS, SIZES, seed=0)
+    for t, m in enumerate(SIZES):
+        if m > 1:
+            np.testing.assert_array_equal(mem.tables[t].numpy(), ref[t])
+    # materialized on disk: for the same 1-hot ids, the reference's bags
+    for d, (_, ids, _) in enumerate(whole(ds)):
+        flat = np.load(ds / f"day_{d}_sparse_multi_hot.npy")
+        n, base = ids.shape[0], 0
+        for t, m in enumerate(SIZES):
+            np.testing.assert_array_equal(flat[n * base:n * (base + m)].reshape(n, m), ref[t][ids[:, t]])
+            base += m
+
+
+@pytest.mark.parametrize("mode", ["one_hot", "materialized", "on_the_fly"])
+def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
+    """Every rank's batches hold exactly the rows the in-memory Split path gives (dense, labels, KJT)."""
+    train, val, test = B.load_splits(str(ds), ROWS, None, multi_hot_files=mode == "materialized", prefetch=2)
+    days = whole(ds)
+    mem = D.Split(torch.from_numpy(np.concatenate([d[0] for d in days[:2]])),
+                  torch.from_numpy(np.concatenate([d[1] for d in days[:2]]).astype(np.int64)),
+                  torch.from_numpy(np.concatenate([d[2][:, 0] for d in days[:2]]).astype(np.float32)), "train")
+    meta = B.read_meta(str(ds))
+    bmh = None if mode == "one_hot" else B.make_multi_hot(str(ds), meta, mode, SIZES, 0)
+    mmh = None if mode == "one_hot" else D.MultiHot(ROWS, SIZES, 0)
+    assert len(train) == 1255 and len(val) == 202 and len(test) == 201  # last day: ceil(403/2) validate
+    world, gb = 2, 100
+    per_rank = [list(D.train_batches(train, global_batch=gb, rank=r, world_size=world, epochs=1, max_steps=None,
+                                     feature_names=FEATURE_NAMES, multi_hot=bmh, shuffle=False, seed=0))
+                for r in range(world)]
+    ref = [list(D.train_batches(mem, global_batch=gb, rank=r, world_size=world, epochs=1, max_steps=None,
+                                feature_names=FEATURE_NAMES, multi_hot=mmh, shuffle=False, seed=0))
+           for r in range(world)]
+    assert len(per_rank[0]) == len(per_rank[1]) == 13  # 12 full global batches + 55 rows -> 27 per rank
+    assert [b.labels.shape[0] for b in per_rank[0]] == [50] * 12 + [27]
+    for r in range(world):
+        for got, want in zip(per_rank[r], ref[r]):
+            assert torch.equal(got.dense_features, want.dense_features)
+            assert torch.equal(got.labels, want.labels)
+            assert got.sparse_features.keys() == want.sparse_features.keys()
+            assert torch.equal(got.sparse_features.values().long(), want.sparse_features.values())
+            assert torch.equal(got.sparse_features.lengths(), want.sparse_features.lengths())
+            assert torch.equal(got.sparse_features.offsets().long(), want.sparse_features.offsets().long())
+    # the batch crossing from day 0 into day 1 says so
+    assert train.describe_rows(650, 750) == f"{ds} day_0 rows 650-699, day_1 rows 0-49"
+
+
+def test_eval_batches_pad_with_weight_zero_and_cover_each_row_once(ds: Path) -> None:
+    _, val, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=True)
+    mh = B.make_multi_hot(str(ds), B.read_meta(str(ds)), "materialized", SIZES, 0)
+    dense_day2 = whole(ds)[2][0]
+    seen = []
+    counts = []
+    for r in range(3):
+        out = list(D.eval_batches(val, batch_size=32, rank=r, world_size=3, feature_names=FEATURE_NAMES,
+                                  multi_hot=mh))
+        counts.append(len(out))
+        for batch, w in out:
+            assert batch.dense_features.shape == (32, 13) and batch.sparse_features.values().numel() == 32 * 214
+            real = w.bool()
+            seen.append(batch.dense_features[real])
+            assert torch.equal(batch.dense_features[~real], torch.from_numpy(dense_day2[:1]).expand(int((~real).sum()), 13))
+    assert counts == [3, 3, 3]  # 202 rows: shares 67, 67, 68 -> 3 batches each
+    np.testing.assert_array_equal(torch.cat(seen).numpy(), dense_day2[:202])
+
+
+def _copy_ds(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for p in src.glob("day_*_*.npy"):
+        (dst / p.name).write_bytes(p.read_bytes())
+    (dst / "meta.json").write_bytes((src / "meta.json").read_bytes())
+    return dst
+
+
+def test_truncated_file_names_file_and_row(ds: Path, tmp_path: Path) -> None:
+    d = _copy_ds(ds, tmp_path / "d")
+    p = d / "day_1_sparse.npy"
+    p.write_bytes(p.read_bytes()[:-(26 * 4 * 10 + 5)])
+    with pytest.raises(B.BinaryFormatError, match=r"day_1_sparse.npy: truncated: .* row 544 is the first incomplete"):
+        B.load_splits(str(d), ROWS, None, multi_hot_files=False)
+
+
+def test_row_count_mismatch_names_file(ds: Path, tmp_path: Path) -> None:
+    d = _copy_ds(ds, tmp_path / "d")
+    np.save(d / "day_0_labels.npy", np.zeros((699, 1), np.int32))
+    with pytest.raises(B.BinaryFormatError, match=r"day_0_labels.npy: 699 rows, but meta.json and the other files"):
+        B.load_splits(str(d), ROWS, None, multi_hot_files=False)
+
+
+@pytest.mark.parametrize("value", [ROWS[4], -1])
+def test_id_outside_table_is_an_error_not_a_remap(ds: Path, tmp_path: Path, value: int) -> None:
+    d = _copy_ds(ds, tmp_path / "d")
+    ids = np.load(d / "day_1_sparse.npy")
+    ids[123, 4] = value
+    np.save(d / "day_1_sparse.npy", ids)
+    train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=False)
+    with pytest.raises(B.BinaryFormatError, match=rf"day_1_sparse.npy: row 123 \(0-based\), feature C5: id {value} "
+                       rf"is outside table 4's {ROWS[4]} rows"):
+        list(D.train_batches(train, global_batch=200, rank=0, world_size=1, epochs=1, max_steps=None,
+                             feature_names=FEATURE_NAMES, multi_hot=None, shuffle=False, seed=0))
+    with pytest.raises(B.BinaryFormatError, match=r"model.num_embeddings_per_feature.*differ"):
+        B.load_splits(str(d), [r + 1 for r in ROWS], None, multi_hot_files=False)
+
+
+def test_bad_materialized_id_names_file(ds: Path, tmp_path: Path) -> None:
+    d = _copy_ds(ds, tmp_path / "d")
+    flat = np.load(d / "day_0_sparse_multi_hot.npy")
+    flat[700 * 3 + 5] = 999  # table 1 (7 rows), sample 2
+    np.save(d / "day_0_sparse_multi_hot.npy", flat)
+    train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=True)
+    mh = B.make_multi_hot(str(d), B.read_meta(str(d)), "materialized", SIZES, 0)
+    with pytest.raises(B.BinaryFormatError, match=r"day_0_sparse_multi_hot.npy: row 2 \(0-based\), feature C2: id 999"):
+        next(iter(D.train_batches(train, global_batch=64, rank=0, world_size=1, epochs=1, max_steps=None,
+                                  feature_names=FEATURE_NAMES, multi_hot=mh, shuffle=False, seed=0)))
+
+
+def test_prefetcher_forwards_errors_and_stops() -> None:
+    def gen():
+        yield 1
+        raise RuntimeError("boom at item 2")
+
+    it = iter(B.Prefetcher(gen(), 2))
+    assert next(it) == 1
+    with pytest.raises(RuntimeError, match="boom at item 2"):
+        next(it)
+    p = B.Prefetcher(iter(range(10**9)), 2)
+    it = iter(p)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()
+    p.thread.join(timeout=5)
+    assert not p.thread.is_alive()
+
+
+def test_config_keys() -> None:
+    cfg = to_config(compose(["data=criteo_binary", "data.dataset_dir=/x"]))
+    assert (cfg.data.name, cfg.data.multi_hot_source, cfg.data.prefetch) == ("criteo_binary", "auto", 2)
+    from dlrm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="config key `data.dataset_dir`: data=criteo_binary needs"):
+        to_config(compose(["data=criteo_binary"]))
+    with pytest.raises(ConfigError, match="config key `data.shuffle`"):
+        to_config(compose(["data=criteo_binary", "data.dataset_dir=/x", "data.shuffle=true"]))
+
+
+def _train_both(rank: int, world: int, tmp: str, common: List[str]) -> List[dict]:
+    from dlrm.trainer import Trainer
+
+    out = []
+    for name, extra in (("tsv", [f"data.train_path={tmp}/train.tsv", f"data.val_path={tmp}/val.tsv",
+                                 f"data.test_path={tmp}/test.tsv"]),
+                        ("bin", [f"data.dataset_dir={tmp}/bin"])):
+        data = "criteo_tsv" if name == "tsv" else "criteo_binary"
+        t = Trainer(compose([f"data={data}", *common, *extra]), f"{tmp}/run_{name}")
+        try:
+            t.fit()
+        finally:
+            t.close()
+        out.append({k: v for r in t.history if "loss" not in r for k, v in r.items() if k.endswith("auc")
+                    or k.endswith("logloss")})
+    return out
+
+
+def test_trainer_on_binary_equals_trainer_on_tsv(tmp_path: Path) -> None:
+    """The same rows through data=criteo_tsv and data=criteo_binary (log1p transform, MLPerf multi-hot on the
+    fly) train to bitwise the same validation and test metrics."""
+    from test_binary_preprocess import gen_tsv
+
+    days = []
+    for k, n in enumerate((700, 500, 301)):
+        gen_tsv(tmp_path / f"day_{k}", n, seed=10 + k)
+        days.append((tmp_path / f"day_{k}").read_text().splitlines(keepends=True))
+    (tmp_path / "train.tsv").write_text("".join(days[0] + days[1]))
+    (tmp_path / "val.tsv").write_text("".join(days[2][:151]))  # MLPerf: first ceil(N/2) rows validate
+    (tmp_path / "test.tsv").write_text("".join(days[2][151:]))
+    rows = to_config(compose([])).model.table_rows
+    P.preprocess(out=str(tmp_path / "bin"), layout="terabyte", inputs=[str(tmp_path / f"day_{k}") for k in range(3)],
+                 days=[0, 1, 2], table_rows=rows, transform="log1p", workers=1)
+    common = ["data.global_batch_size=64", "eval.batch_size=50", "trainer.epochs=1", "data.multi_hot=true",
+              "eval.per_epoch=2", "eval.every_n_steps=null"]
+    res = run_gloo(1, _train_both, str(tmp_path), common)
+    tsv, binary = res[0]
+    assert tsv and set(tsv) == set(binary) and "val_auc" in tsv and "test_auc" in tsv
+    assert tsv == binary
+

@@ -1,0 +1,277 @@
+"""data/preprocess_criteo.py: parsing equals the criteo_tsv rules, both dense transforms, gzip and Kaggle
+layouts, resumable per day, parallel = serial, checksums, and bad input naming file and line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+
+from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle
+from dlrm.data import binary as B
+from dlrm.data import preprocess as P
+from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
+
+needs_tb = pytest.mark.skipif(not TB_SAMPLE.is_file(), reason=f"real Criteo 1TB rows not found at {TB_SAMPLE} "
+                              "(the repo expects ../shared/data/criteo beside it)")
+ROWS = [1000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 1000, 3000, 4000, 10, 2209, 11938, 155, 4, 976, 14,
+        1000, 1000, 1000, 5000, 12973, 108, 36]
+
+
+def gen_tsv(path: Path, n: int, seed: int, missing: float = 0.2) -> None:
+    """Criteo-shaped lines: counts with negatives, missing fields, 1-8 digit lower-case hex."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(n):
+        ints = ["" if rng.random() < missing else str(int(rng.integers(-3, 5000))) for _ in range(13)]
+        cats = ["" if rng.random() < missing else format(int(rng.integers(0, 2**32)), "x") for _ in range(26)]
+        lines.append("\t".join([str(int(rng.random() < 0.25))] + ints + cats))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def convert(out: Path, inputs: List[Path], transform: str = "log1p", workers: int = 1, layout: str = "terabyte",
+            **kw) -> dict:
+    days = list(range(len(inputs))) if layout == "terabyte" else []
+    return P.preprocess(out=str(out), layout=layout, inputs=[str(p) for p in inputs], days=days, table_rows=ROWS,
+                        transform=transform, workers=workers, block_bytes=kw.pop("block_bytes", 64 << 10), **kw)
+
+
+def load_day(out: Path, d: int):
+    return (np.load(out / f"day_{d}_dense.npy"), np.load(out / f"day_{d}_sparse.npy"),
+            np.load(out / f"day_{d}_labels.npy"))
+
+
+def raw_ints(path: Path) -> np.ndarray:
+    """Reference: the raw counts (negatives kept, missing 0) by plain Python, as torchrec's tsv_to_npys reads."""
+    rows = [[int(v or "0") for v in line.split("\t")[1:14]] for line in path.read_text().splitlines() if line]
+    return np.asarray(rows, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def days3(tmp_path_factory) -> List[Path]:
+    d = tmp_path_factory.mktemp("tsv")
+    paths = []
+    for k, n in enumerate((1500, 1200, 901)):
+        gen_tsv(d / f"day_{k}", n, seed=k)
+        paths.append(d / f"day_{k}")
+    return paths
+
+
+def test_log1p_dataset_equals_criteo_tsv_reader(tmp_path: Path, days3: List[Path]) -> None:
+    meta = convert(tmp_path / "out", days3, "log1p")
+    assert meta["dense_transform"] == "log1p" and meta["dense_min"] is None
+    for d, path in enumerate(days3):
+        ref = read_tsv(str(path))
+        dense, sparse, labels = load_day(tmp_path / "out", d)
+        assert dense.dtype == np.float32 and sparse.dtype == np.int32 and labels.shape == (len(ref), 1)
+        np.testing.assert_array_equal(dense, ref.ints)  # bitwise
+        np.testing.assert_array_equal(sparse, hash_to_rows(ref.cats, ROWS))
+        np.testing.assert_array_equal(labels[:, 0], ref.labels)
+        assert meta["days"][d]["rows"] == len(ref)
+
+
+def test_mlperf_transform_m_from_training_days_only(tmp_path: Path, days3: List[Path]) -> None:
+    # the evaluation day (last) holds a smaller value than any training day: it must not move m
+    eval_day = tmp_path / "day_2"
+    lines = days3[2].read_text().splitlines()
+    f = lines[0].split("\t")
+    f[3] = "-40"
+    lines[0] = "\t".join(f)
+    eval_day.write_text("\n".join(lines) + "\n")
+    with pytest.raises(P.PreprocessError, match=r"day_2:1: integer feature I3 is -40, below m = -3 .* "
+                       r"pass --dense-min -40"):
+        convert(tmp_path / "bad", days3[:2] + [eval_day], "mlperf")
+    meta = convert(tmp_path / "out", days3, "mlperf")
+    train_raw = np.concatenate([raw_ints(p) for p in days3[:2]])
+    m = int(train_raw.min())
+    assert meta["dense_min"] == m == -3 and meta["dense_min_source"] == "days 0-1 (training)"
+    on_disk = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert on_disk["dense_min"] == m and on_disk["dense_transform"] == "mlperf"
+    for d, path in enumerate(days3):
+        raw = raw_ints(path).astype(np.int32)
+        # torchrec BinaryCriteoUtils.tsv_to_npys arithmetic, with the training minimum instead of the file's
+        want = np.log(raw - np.int32(m - 2), dtype=np.float32)
+        np.testing.assert_array_equal(load_day(tmp_path / "out", d)[0], want)
+    # per-file m would differ: the evaluation day's own minimum is not the training minimum
+    assert meta["days"][2]["dense_min"] != m
+    fixed = convert(tmp_path / "fixed", days3[:2] + [eval_day], "mlperf", dense_min=-40)
+    assert fixed["dense_min"] == -40 and fixed["dense_min_source"] == "given"
+    assert load_day(tmp_path / "fixed", 2)[0][0, 2] == np.log(np.float32(2))
+
+
+def test_gzip_and_plain_give_identical_files(tmp_path: Path, days3: List[Path]) -> None:
+    gz = []
+    for p in days3:
+        q = tmp_path / (p.name + ".gz")
+        q.write_bytes(gzip.compress(p.read_bytes()))
+        gz.append(q)
+    a = convert(tmp_path / "plain", days3, "mlperf")
+    b = convert(tmp_path / "gz", gz, "mlperf")
+    assert [d["files"] for d in a["days"]] == [d["files"] for d in b["days"]]
+
+
+def test_parallel_equals_serial_and_resume_redoes_only_unfinished_days(tmp_path: Path, days3: List[Path]) -> None:
+    out = tmp_path / "out"
+    a = convert(tmp_path / "serial", days3, "mlperf", workers=1)
+    b = convert(out, days3, "mlperf", workers=2)
+    assert [d["files"] for d in a["days"]] == [d["files"] for d in b["days"]]
+    assert P.verify(str(out)) == []
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.glob("day_*.npy")}
+    # a run killed in day 1: its markers are gone and a partial file is left behind
+    (out / "day_1.parse.json").unlink()
+    (out / "day_1.dense.json").unlink()
+    (out / "day_1_sparse.npy.partial").write_bytes(b"garbage")
+    c = convert(out, days3, "mlperf", workers=2)
+    assert [d["files"] for d in c["days"]] == [d["files"] for d in a["days"]]
+    changed = {p.name for p in out.glob("day_*.npy") if p.stat().st_mtime_ns != mtimes[p.name]}
+    assert changed == {"day_1_dense.npy", "day_1_sparse.npy", "day_1_labels.npy"}
+    # checksums catch a flipped byte
+    p = out / "day_0_sparse.npy"
+    raw = bytearray(p.read_bytes())
+    raw[-1] ^= 1
+    p.write_bytes(bytes(raw))
+    assert P.verify(str(out)) == [str(p)]
+
+
+def test_kaggle_layout_cuts_seven_days(tmp_path: Path) -> None:
+    src = tmp_path / "train.txt"
+    gen_tsv(src, 1003, seed=7)
+    meta = convert(tmp_path / "out", [src], "log1p", layout="kaggle", workers=2)
+    rows = [d["rows"] for d in meta["days"]]
+    assert rows == [1003 * (k + 1) // 7 - 1003 * k // 7 for k in range(7)]
+    ref = read_tsv(str(src))
+    dense = np.concatenate([load_day(tmp_path / "out", d)[0] for d in range(7)])
+    sparse = np.concatenate([load_day(tmp_path / "out", d)[1] for d in range(7)])
+    np.testing.assert_array_equal(dense, ref.ints)
+    np.testing.assert_array_equal(sparse, hash_to_rows(ref.cats, ROWS))
+    gz = tmp_path / "train.txt.gz"
+    gz.write_bytes(gzip.compress(src.read_bytes()))
+    meta_gz = convert(tmp_path / "out_gz", [gz], "log1p", layout="kaggle", workers=1)
+    assert [d["files"] for d in meta_gz["days"]] == [d["files"] for d in meta["days"]]
+
+
+def test_unusual_but_valid_lines_follow_criteo_tsv_rules(tmp_path: Path) -> None:
+    """Upper-case hex, '+5', 9-digit hex with a leading zero, CRLF endings and trailing blank lines take the
+    line-by-line path and give read_tsv's values."""
+    src = tmp_path / "day_0"
+    gen_tsv(src, 50, seed=3)
+    lines = src.read_text().splitlines()
+    f = lines[5].split("\t")
+    f[1], f[20], f[21] = "+5", "ABCDEF12", "0abcdef12"
+    lines[5] = "\t".join(f)
+    lines[7] += "\r"
+    src.write_text("\n".join(lines) + "\n\n\n")
+    gen_tsv(tmp_path / "day_1", 20, seed=4)
+    convert(tmp_path / "out", [src, tmp_path / "day_1"], "log1p")
+    ref = read_tsv(str(src))
+    dense, sparse, _ = load_day(tmp_path / "out", 0)
+    np.testing.assert_array_equal(dense, ref.ints)
+    np.testing.assert_array_equal(sparse, hash_to_rows(ref.cats, ROWS))
+    assert sparse[5, 6] == 0xABCDEF12 % ROWS[6] and sparse[5, 7] == 0xABCDEF12 % ROWS[7]
+
+
+def test_fast_parser_equals_line_parser(days3: List[Path]) -> None:
+    buf = days3[0].read_bytes()
+    fast = P.parse_block(buf)
+    slow = P.parse_block_slow(buf, "x", 1, {})
+    assert fast is not None
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_kaggle
+@needs_tb
+def test_real_samples_parse_like_read_tsv(tmp_path: Path) -> None:
+    for path in (KAGGLE_SAMPLE, TB_SAMPLE):
+        buf = path.read_bytes()
+        fast = P.parse_block(buf)
+        assert fast is not None, "the fast path should take real Criteo lines"
+        ref = read_tsv(str(path))
+        np.testing.assert_array_equal(fast[0], ref.labels)
+        np.testing.assert_array_equal(np.log1p(np.maximum(fast[1], 0).astype(np.float64)).astype(np.float32),
+                                      ref.ints)
+        np.testing.assert_array_equal(fast[2], ref.cats)
+    # Kaggle head and 1TB head train, 1TB head evaluates, MLPerf transform with m from the training days
+    for k, src in enumerate((KAGGLE_SAMPLE, TB_SAMPLE, TB_SAMPLE)):
+        shutil.copy(src, tmp_path / f"day_{k}")
+    meta = convert(tmp_path / "out", [tmp_path / f"day_{k}" for k in range(3)], "mlperf", workers=2)
+    m = int(min(raw_ints(KAGGLE_SAMPLE).min(), raw_ints(TB_SAMPLE).min()))
+    assert meta["dense_min"] == m and [d["rows"] for d in meta["days"]] == [10000, 1000, 1000]
+    np.testing.assert_array_equal(load_day(tmp_path / "out", 1)[0], load_day(tmp_path / "out", 2)[0])
+    want = np.log(raw_ints(TB_SAMPLE).astype(np.int32) - np.int32(m - 2), dtype=np.float32)
+    np.testing.assert_array_equal(load_day(tmp_path / "out", 2)[0], want)
+    # the other way round, the evaluation rows hold a count below the training minimum: a clear error
+    shutil.copy(KAGGLE_SAMPLE, tmp_path / "day_2")
+    with pytest.raises(P.PreprocessError, match=r"day_2:\d+: integer feature I\d+ is -\d, below m = -\d"):
+        convert(tmp_path / "rev", [tmp_path / f"day_{k}" for k in (1, 1, 2)], "mlperf")
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def _two_days(tmp_path: Path, bad: str, gz: bool = False) -> List[Path]:
+    gen_tsv(tmp_path / "day_0", 300, seed=1)
+    lines = (tmp_path / "day_0").read_text().splitlines()
+    good = tmp_path / "day_1"
+    gen_tsv(good, 200, seed=2)
+    if bad == "truncated":
+        data = ("\n".join(lines) + "\n").encode()
+        cut = data[:len(data) - 37]  # the last line loses its end
+        (tmp_path / "day_0").write_bytes(gzip.compress(cut)[:-20] if gz else cut)
+    elif bad == "hex":
+        f = lines[123].split("\t")
+        f[30] = "xyz"
+        lines[123] = "\t".join(f)
+        (tmp_path / "day_0").write_text("\n".join(lines) + "\n")
+    return [tmp_path / "day_0", good]
+
+
+def test_truncated_plain_file_names_file_and_line(tmp_path: Path) -> None:
+    inputs = _two_days(tmp_path, "truncated")
+    with pytest.raises(TsvFormatError, match=r"day_0:300: \d+ tab-separated fields, expected 40"):
+        convert(tmp_path / "out", inputs)
+    assert not (tmp_path / "out" / "day_0.parse.json").exists()
+
+
+def test_truncated_gzip_names_file(tmp_path: Path) -> None:
+    inputs = _two_days(tmp_path, "truncated", gz=True)
+    with pytest.raises(P.PreprocessError, match=r"day_0: truncated or corrupt gzip stream after line \d+"):
+        convert(tmp_path / "out", inputs)
+
+
+def test_bad_hex_names_file_and_line_like_criteo_tsv(tmp_path: Path) -> None:
+    inputs = _two_days(tmp_path, "hex")
+    with pytest.raises(TsvFormatError) as e:
+        convert(tmp_path / "out", inputs, workers=2)
+    with pytest.raises(TsvFormatError) as ref:
+        read_tsv(str(inputs[0]))
+    assert str(e.value) == str(ref.value) and ":124: categorical feature C17 is 'xyz'" in str(e.value)
+
+
+def test_cli_end_to_end_and_exit_codes(tmp_path: Path, capsys) -> None:
+    gen_tsv(tmp_path / "day_0", 100, seed=1)
+    (tmp_path / "day_1.gz").write_bytes(gzip.compress((tmp_path / "day_0").read_bytes()))
+    args = ["--layout", "terabyte", "--input-dir", str(tmp_path), "--days", "0-1", "--out", str(tmp_path / "out"),
+            "--row-cap", "500", "--workers", "1"]
+    p = subprocess.run([sys.executable, "data/preprocess_criteo.py", *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "2 days, 200 rows; dense log(x - m + 2), missing x = 0, m = " in p.stdout
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert max(meta["table_rows"]) == 500 and meta["table_rows"][5] == 3
+    sys.path.insert(0, str(REPO / "data"))
+    try:
+        import preprocess_criteo as cli
+    finally:
+        sys.path.pop(0)
+    assert cli.main(["verify", "--out", str(tmp_path / "out")]) == 0
+    assert "all files match" in capsys.readouterr().out
+    os.remove(tmp_path / "day_0")
+    assert cli.main(args) == 1
+    assert "no day_0 or day_0.gz" in capsys.readouterr().err
