@@ -111,8 +111,7 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------- reshard on load
-# Plans by name: per table index, a sharding type. TorchRec's stock sharder refuses row_wise on CPU; the
-# test sharder below allows every type (the sharding work in dlrm/sharding.py may replace it).
+# Plans by name: per table index, a sharding type.
 def _plan_types(name: str) -> Dict[int, str]:
     if name == "mixed":  # the saving world: row_wise, table_wise, column_wise and data_parallel tables
         return {t: ("row_wise" if t < 8 else "table_wise" if t < 16 else "column_wise" if t < 21 else
@@ -126,17 +125,12 @@ def _plan_types(name: str) -> Dict[int, str]:
 
 def _build(plan_name: str, cfg):
     from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
     from dlrm.dist import init_distributed
     from dlrm.model import build_model
-    from dlrm.sharding import dense_params, fuse_embedding_optimizer, topology
-
-    class AnyTypeSharder(EmbeddingBagCollectionSharder):
-        def sharding_types(self, compute_device_type: str) -> List[str]:
-            return ["data_parallel", "table_wise", "row_wise", "column_wise"]
+    from dlrm.sharding import EmbeddingBagSharder, dense_params, fuse_embedding_optimizer, topology
 
     import torch.distributed as dist
 
@@ -146,10 +140,12 @@ def _build(plan_name: str, cfg):
     fuse_embedding_optimizer(model, cfg.optimizer)
     cons = {f"t_cat_{t}": ParameterConstraints(sharding_types=[st], min_partition=8)
             for t, st in _plan_types(plan_name).items()}
-    planner = EmbeddingShardingPlanner(topology=topology(info, cfg.sharding), batch_size=64, constraints=cons)
-    plan = planner.collective_plan(model, [AnyTypeSharder()], dist.GroupMember.WORLD)
+    topo = topology(info.world_size, info.local_world_size, "cpu", cfg.sharding)
+    planner = EmbeddingShardingPlanner(topology=topo, batch_size=64, constraints=cons)
+    # the project's sharder: TorchRec's stock one refuses row_wise on CPU
+    plan = planner.collective_plan(model, [EmbeddingBagSharder()], dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=torch.device("cpu"), plan=plan,
-                                   sharders=[AnyTypeSharder()])
+                                   sharders=[EmbeddingBagSharder()])
     dense = KeyedOptimizerWrapper(dense_params(dmp), lambda ps: torch.optim.Adagrad(ps, lr=0.05, eps=1e-8))
     return info, dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
 
