@@ -431,12 +431,7 @@ class Prefetcher:
     def _run(self, it: Iterator[Any]) -> None:
         try:
             for item in it:
-                while not self.stop.is_set():
-                    try:
-                        self.q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self._put(item)
                 if self.stop.is_set():
                     return
             self._put(self._DONE)
