@@ -118,15 +118,28 @@ def hydra_main(cfg: DictConfig) -> None:
     from dlrm.dist import shutdown
     from dlrm.trainer import Trainer
 
-    trainer = Trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir)
+    from dlrm.config import ConfigError
+    from dlrm.data.criteo_tsv import TsvFormatError
+    from dlrm.sharding import PlanError
+
+    trainer: Optional[Trainer] = None
     ok = False
+    user_error: Optional[BaseException] = None
     try:
+        trainer = Trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir)  # validates the config
         trainer.setup()
         trainer.fit()
         ok = True
+    except (ConfigError, TsvFormatError, PlanError, FileNotFoundError) as e:
+        # bad input, named with its config key / file / line / table and the fix: the message, no traceback
+        user_error = e
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
         shutdown(barrier=ok)
+    if user_error is not None:
+        print(f"error: {user_error}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def main() -> None:

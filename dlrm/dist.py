@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dlrm.config import ConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -41,7 +43,7 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("config key `device`: device=cuda but no CUDA device is visible; use device=cpu")
+            raise ConfigError("config key `device`: device=cuda but no CUDA device is visible; use device=cpu")
         n = torch.cuda.device_count()
         dev = torch.device("cuda", local_rank % n)
         torch.cuda.set_device(dev)

@@ -30,7 +30,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from dlrm.config import OffloadConfig
+from dlrm.config import ConfigError, OffloadConfig
 
 KERNELS = {"uvm": EmbeddingComputeKernel.FUSED_UVM.value,
            "uvm_caching": EmbeddingComputeKernel.FUSED_UVM_CACHING.value}
@@ -87,7 +87,7 @@ def check_can_train(cfg: OffloadConfig, device: torch.device) -> None:
         ValueError: ``offload`` is not ``none`` and ``device`` is not CUDA.
     """
     if cfg.name != "none" and device.type != "cuda":
-        raise ValueError(
+        raise ConfigError(
             f"config key `offload.name`: offload={cfg.name} needs CUDA to train (FBGEMM's {KERNELS[cfg.name]} "
             f"kernels keep tables in host memory mapped into a GPU), but this run is on {device.type}; use "
             "offload=none on CPU (plans and dry runs accept it)")

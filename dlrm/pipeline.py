@@ -38,7 +38,7 @@ from torchrec.distributed.train_pipeline import (
 )
 
 from dlrm.comms import input_dist_group, use_group_for_input_dist
-from dlrm.config import PipelineConfig
+from dlrm.config import ConfigError, PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dev
         ValueError: ``pipeline=prefetch`` off CUDA (its cache prefetch runs on a CUDA stream).
     """
     if cfg.name == "prefetch" and device.type != "cuda":
-        raise ValueError(
+        raise ConfigError(
             f"config key `pipeline.name`: pipeline=prefetch prefetches fused_uvm_caching rows on a CUDA stream and "
             f"needs CUDA, but this run is on {device.type}; use pipeline=sparse_dist on CPU")
     if cfg.input_dist_group == "dedicated":

@@ -75,7 +75,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
-    own, overrides = _split_args(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return 0
+    own, overrides = _split_args(args)
     try:
         pi = plan_job(overrides, int(own.get("world_size", 1)),
                       int(own["local_world_size"]) if "local_world_size" in own else None)

@@ -25,7 +25,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
 from dlrm.checkpoint import Checkpointer
-from dlrm.config import Config, to_config
+from dlrm.config import Config, ConfigError, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
@@ -76,7 +76,7 @@ class Trainer:
 
         gb = cfg.data.global_batch_size
         if gb is not None and gb % info.world_size:
-            raise ValueError(f"config key `data.global_batch_size`: {gb} does not divide over "
+            raise ConfigError(f"config key `data.global_batch_size`: {gb} does not divide over "
                              f"{info.world_size} ranks; use a multiple of the world size")
         self.batch_size = gb // info.world_size if gb else cfg.data.batch_size
         self.global_batch = self.batch_size * info.world_size
@@ -88,7 +88,7 @@ class Trainer:
         self.multi_hot = data_mod.make_multi_hot(cfg.data, cfg.model)
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
         if self.steps_per_epoch == 0:
-            raise ValueError(f"the training split has {len(self.train_split)} rows, fewer than the world size "
+            raise ConfigError(f"the training split has {len(self.train_split)} rows, fewer than the world size "
                              f"({info.world_size}); give more rows")
         total = self.steps_per_epoch * cfg.trainer.epochs
         self.total_steps = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
@@ -203,6 +203,7 @@ class Trainer:
             if due:
                 epoch_num = self.step / self.steps_per_epoch
                 self.mlperf.block_stop(epoch_num, self.samples_seen)
+                win.pause_clock()  # evaluation time is not training time
                 last_val = self.evaluate()
                 target = cfg.eval.target_auc
                 if target is not None and last_val["val_auc"] >= target:
@@ -216,7 +217,7 @@ class Trainer:
                     break
                 if self.step < self.total_steps:
                     self.mlperf.block_start(epoch_num, self.samples_seen)
-                win.restart_clock()
+                win.resume_clock()
             if self.ckpt.after_step(self, win):  # checkpoint: periodic save; SIGTERM saves and ends the run
                 return last_val
         if target_hit and self.step % every != 0:
@@ -342,8 +343,23 @@ class _Window:
         self.samples = 0
 
     def restart_clock(self) -> None:
-        """Start timing afresh (after an evaluation, so it does not count as training time)."""
+        """Start timing a new window."""
         self.t0 = time.perf_counter()
+        self.banked = 0.0
+
+    def pause_clock(self) -> None:
+        """Stop counting time (an evaluation starts); the samples gathered so far keep their time."""
+        self.banked += time.perf_counter() - self.t0
+        self.t0 = float("nan")
+
+    def resume_clock(self) -> None:
+        """Count time again after :meth:`pause_clock`."""
+        self.t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Training seconds in this window, evaluations excluded."""
+        running = time.perf_counter() - self.t0 if self.t0 == self.t0 else 0.0  # NaN while paused
+        return max(self.banked + running, 1e-9)
 
     def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, ok: Optional[torch.Tensor],
             samples: int) -> None:
@@ -379,7 +395,7 @@ class _Window:
             "auc": auc,
             "steps": len(self.losses),
             "samples": self.samples,
-            "elapsed": max(time.perf_counter() - self.t0, 1e-9),
+            "elapsed": self.elapsed(),
             "bad_steps": bad,
             "skipped": [i for i, ok in enumerate(oks.tolist()) if not ok],
             "skipped_global": int(vec[2]),

@@ -23,7 +23,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.config import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, DataConfig, ModelConfig
+from dlrm.config import ConfigError, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, DataConfig, ModelConfig
 from dlrm.data.criteo_tsv import RawRows, hash_to_rows, read_tsv
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class MultiHot:
     def __init__(self, table_rows: Sequence[int], sizes: Sequence[int], seed: int = 0) -> None:
         need = sum(r * (m - 1) * 8 for r, m in zip(table_rows, sizes))
         if need > MULTI_HOT_MAX_BYTES:
-            raise ValueError(
+            raise ConfigError(
                 f"data.multi_hot: the MLPerf expansion tables would take {need / 2**30:.1f} GiB of host memory "
                 f"(limit {MULTI_HOT_MAX_BYTES / 2**30:.0f} GiB); cap the tables with model.row_cap=<rows> or "
                 "keep ids 1-hot with data.multi_hot=false")
@@ -253,7 +253,7 @@ def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, 
         return train, val, test
     n_train = int(round(len(train) * (1.0 - cfg.val_fraction)))
     if n_train == 0 or n_train == len(train):
-        raise ValueError(f"data.train_path {cfg.train_path!r} has {len(train)} rows: too few to hold out "
+        raise ConfigError(f"data.train_path {cfg.train_path!r} has {len(train)} rows: too few to hold out "
                          f"data.val_fraction={cfg.val_fraction}; give data.val_path or more rows")
     return train.rows(0, n_train, "train"), train.rows(n_train, len(train), "val"), test
 
