@@ -574,7 +574,11 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
-    """The whole run. ``device``: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``."""
+    """The whole run. ``device``: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``.
+
+    ``profile=true`` records ``profile_steps`` training steps with ``torch.profiler`` after ``profile_wait_steps``
+    steps (plus one warm-up step), into ``<run_dir>/profile/`` (see ``dlrm/profiling.py``).
+    """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -588,9 +592,14 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
     device: str = "auto"
+    profile: bool = False
+    profile_wait_steps: int = 10
+    profile_steps: int = 5
 
     def __post_init__(self) -> None:
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"got {self.device!r}; use auto, cpu or cuda")
+        _check(self.profile_wait_steps >= 0, "profile_wait_steps", "must be >= 0")
+        _check(self.profile_steps > 0, "profile_steps", "must be positive")
         if self.offload.name == "uvm_caching":
             _check(self.pipeline.name == "prefetch", "pipeline.name",
                    f"offload=uvm_caching trains with the prefetch pipeline (cache rows of batch i+1 fetched during "

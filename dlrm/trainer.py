@@ -30,6 +30,7 @@ from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
 from dlrm.mlperf_log import MlperfLogger
+from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import check_can_train, offload_constraints
@@ -186,8 +187,12 @@ class Trainer:
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
         self.model.train()
+        self.profiler = StepProfiler(cfg.profile, os.path.join(self.run_dir, "profile"), info.rank, self.model,
+                                     info.device, cfg.profile_wait_steps, cfg.profile_steps)
         while self.step < self.total_steps:
+            self.profiler.begin_step(self.step + 1)
             out = self.pipeline.progress(it)
+            self.profiler.end_step()
             self.lr = lr_at(self.step, cfg.optimizer.lr, cfg.optimizer)  # the dense rate this step used
             self.scheduler.step()
             loss, logits, labels = out[0], out[1], out[2]
@@ -220,6 +225,7 @@ class Trainer:
                 win.resume_clock()
             if self.ckpt.after_step(self, win):  # checkpoint: periodic save; SIGTERM saves and ends the run
                 return last_val
+        self.profiler.close()
         if target_hit and self.step % every != 0:
             self._log_window(win, t_start)
         self.ckpt.at_end(self, win)  # checkpoint: the last step, if an early stop skipped its periodic save
@@ -308,6 +314,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ close
     def close(self) -> None:
+        if getattr(self, "profiler", None) is not None:
+            self.profiler.close()  # an exception mid-run: stop profiling, drop the hooks
         if getattr(self, "ckpt", None) is not None:
             self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
         if self.metrics is not None:
