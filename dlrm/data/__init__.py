@@ -25,6 +25,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import ConfigError, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, DataConfig, ModelConfig
 from dlrm.data.criteo_tsv import RawRows, hash_to_rows, read_tsv
+from dlrm.data.multihot import build_tables
 
 log = logging.getLogger(__name__)
 
@@ -91,19 +92,14 @@ class MultiHot:
                 f"(limit {MULTI_HOT_MAX_BYTES / 2**30:.0f} GiB); cap the tables with model.row_cap=<rows> or "
                 "keep ids 1-hot with data.multi_hot=false")
         self.sizes = [int(m) for m in sizes]
-        rng = np.random.RandomState(seed)
-        self.tables: List[Optional[torch.Tensor]] = []
-        for rows, m in zip(table_rows, sizes):
-            extra = rng.randint(0, rows, size=(rows, m - 1))
-            if m == 1:
-                self.tables.append(None)
-                continue
-            self.tables.append(torch.from_numpy(np.concatenate([np.arange(rows)[:, None], extra], axis=1)))
+        # the reference's draws, int32 as the reference stores them (dlrm.data.multihot: one implementation)
+        self.tables: List[Optional[torch.Tensor]] = [
+            None if tab is None else torch.from_numpy(tab) for tab in build_tables(table_rows, sizes, seed)]
 
     def bags(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """Ids of table ``t``'s bags, int64 ``[len(ids) * size_t]`` (sample-major)."""
         table = self.tables[t]
-        return ids if table is None else table[ids].reshape(-1)
+        return ids if table is None else table[ids].reshape(-1).long()
 
 
 def to_batch(split: Split, idx: torch.Tensor, feature_names: Sequence[str], multi_hot: Optional[MultiHot]) -> Batch:

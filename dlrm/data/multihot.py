@@ -3,12 +3,12 @@
 The MLPerf reference (``recommendation_v2/torchrec_dlrm/multi_hot.py``) seeds numpy's legacy global generator
 once with 0 and, for each table in order, draws ``randint(0, rows, size=(rows, m - 1))``; row ``i`` of the
 expansion table ``[rows, m]`` is ``i`` followed by those ``m - 1`` ids, and a sample's bag for 1-hot id ``i`` is
-that row. ``dlrm.data.MultiHot`` does this in memory (int64); this module produces the same int32 tables
-(the reference stores them as int32 too) without holding a whole table's draws at once:
+that row. This module produces those tables as int32 (the reference stores them as int32 too) without holding a
+whole table's draws at once; ``dlrm.data.MultiHot`` (the in-memory expansion) builds its tables with it too:
 
 * :func:`build_tables` draws each table in row chunks from one ``RandomState(seed)``. For ranges below 2**32
   the legacy ``randint`` consumes exactly one 32-bit draw per accepted value with no buffering across calls,
-  so chunked draws are the same stream as the reference's single call (checked in ``tests/test_binary_multihot.py``
+  so chunked draws are the same stream as the reference's single call (checked in ``tests/test_binary_loader.py``
   against the reference procedure, chunk boundaries included).
 * With ``out_dir`` the tables are written as ``table_XX.npy`` (memory-mapped later): about 23 GB for the MLPerf
   cardinalities, instead of 3.8 TB of materialized multi-hot days.
