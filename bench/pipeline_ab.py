@@ -32,7 +32,7 @@ Commands (the lead's runs; results go to ``--out``: ``pipeline_ab.json`` and ``p
         --sparse-opts rowwise_adagrad
     # 2x H200: full cardinalities, element-wise Adagrad (MLPerf rule)
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --suite offload \\
-        --full-cardinality --sparse-opts adagrad --load-factors 0.2
+        --full-cardinality --sparse-opts adagrad --load-factors 0.2 --profile-kernels
     # CPU smoke test (gloo, tiny sizes): the same code paths, numbers meaningless
     torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --smoke --out /tmp/ab
 """
@@ -218,6 +218,62 @@ class Runner:
             torch.cuda.empty_cache()
 
 
+CATEGORIES = [  # (label, substrings of CUDA kernel names); the first match wins
+    ("TBE backward + fused optimizer", ("backward", "_bwd")),
+    ("TBE forward (lookup)", ("embedding_forward", "split_embedding", "_fwd_kernel", "bounds_check")),
+    ("NCCL all-reduce", ("AllReduce",)),
+    ("NCCL all-to-all", ("SendRecv", "AllToAll", "nccl")),
+    ("TBE cache (uvm_caching prefetch)", ("lru_cache", "lfu_cache", "cache_insert", "linearize_cache",
+                                        "lxu_cache", "direct_mapped")),
+    ("matrix products", ("gemm", "cutlass", "sm90_", "sm100_", "cublas", "xmma", "_mm_", "nvjet")),
+    ("fused elementwise (triton)", ("triton",)),
+    ("copies", ("memcpy", "Memcpy", "copy_", "CatArrayBatchedCopy")),
+]
+
+
+def gpu_time_by_category(run: "Runner", steps: int = 10) -> Dict[str, float]:
+    """CUDA kernel time per step (ms) by :data:`CATEGORIES` over ``steps`` profiled steps of ``run``.
+
+    Kernels on different streams overlap, so the categories can add up to more than the step time; NCCL kernel
+    time includes waiting for the slower rank."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hook = getattr(run, "after_step", None)
+    it = itertools.islice(itertools.cycle(run.pool), steps + 8)
+    for _ in range(3):
+        run.pipe.progress(it)
+    sync(run.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            out = run.pipe.progress(it)
+            if hook:
+                hook(out)
+        sync(run.device)
+    while True:
+        try:
+            run.pipe.progress(it)
+        except StopIteration:
+            break
+    cats: Dict[str, float] = {c: 0.0 for c, _ in CATEGORIES}
+    cats["other elementwise / reductions"] = 0.0
+    total = 0.0
+    for ev in prof.key_averages():
+        if ev.device_type.name != "CUDA":
+            continue
+        t = getattr(ev, "device_time_total", None)
+        t = getattr(ev, "cuda_time_total", 0.0) if t is None else t
+        total += t
+        for label, keys in CATEGORIES:
+            if any(k in ev.key for k in keys):
+                cats[label] += t
+                break
+        else:
+            cats["other elementwise / reductions"] += t
+    out = {k: v / 1000.0 / steps for k, v in cats.items()}
+    out["total GPU kernel time"] = total / 1000.0 / steps
+    return out
+
+
 def summarize(name: str, spec: Optional[Spec], variant: str, ms: List[float], world: int, batch: int,
               extra: Dict[str, Any]) -> Dict[str, Any]:
     med = statistics.median(ms)
@@ -253,6 +309,8 @@ def run_specs(specs: List[Spec], args: argparse.Namespace, device: torch.device,
                     run.set_variant(v)
                     times.setdefault((s.name, v), []).append(run.repeat(args.steps, args.warmup))
                     meta[(s.name, v)] = {"plan": run.plan_kernels, "last_loss": run.last_loss, "order": "blocked"}
+            if args.profile_kernels and device.type == "cuda":
+                meta[(s.name, s.variants[-1])]["gpu_ms_per_step"] = gpu_time_by_category(run)
             run.close()
     return [summarize(s.name, s, v, times[(s.name, v)], world, s.batch, meta[(s.name, v)]) for s, v in units]
 
@@ -332,6 +390,11 @@ def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
         lines.append(f"| {r['config']} | {r['variant']} | {r['batch_per_rank'] or ''} | {r['ms_median']:.3f} | "
                      f"{r['ms_min']:.3f} | {r['ms_max']:.3f} | {r['spread_pct']:.1f} | {sps} | {plan} | "
                      f"{r.get('order', 'alternating')} |")
+    for r in rows:
+        if "gpu_ms_per_step" in r:
+            lines += ["", f"CUDA kernel ms per step, {r['config']} (10 profiled steps; streams overlap; NCCL time "
+                      "includes waiting for the slower rank): " + ", ".join(
+                          f"{k} {v:.2f}" for k, v in r["gpu_ms_per_step"].items())]
     return "\n".join(lines) + "\n"
 
 
@@ -355,6 +418,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--row-cap", type=int, default=STOCK_ROW_CAP, help="rows per table without --full-cardinality")
     p.add_argument("--a2a-batch", type=int, default=32768, help="per-rank batch whose pooled output is sent")
     p.add_argument("--traffic-mb", type=int, default=256, help="MiB copied each way per all-to-all")
+    p.add_argument("--profile-kernels", action="store_true",
+                   help="blocked suites: after timing, profile 10 steps per configuration and report CUDA kernel "
+                        "time per step by category (all-to-all inside the training step, with and without offload)")
     p.add_argument("--host-batches", action="store_true", help="batches in pinned host memory (H2D per step)")
     p.add_argument("--no-stock", action="store_true", help="skip the stock-TorchRec baseline")
     p.add_argument("--lr", type=float, default=0.004)

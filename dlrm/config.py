@@ -376,6 +376,52 @@ class PipelineConfig:
 
 
 @dataclass
+class PerfConfig:
+    """Speed levers (issue 9; ``conf/perf/*.yaml``). ``perf=fp32`` (default) keeps the reference numerics;
+    ``perf=fast`` turns on the levers measured in ``bench/throughput.py`` / docs/benchmarks.md.
+
+    Fields:
+        name: label of the preset (logged; ``fp32``, ``fast`` or your own).
+        embedding_dtype: TBE weight precision of the tables: ``fp32``, ``fp16`` or ``bf16`` (the tables'
+            ``EmbeddingBagConfig.data_type``; the planner counts 2 bytes per element). FBGEMM keeps the Adagrad
+            state in fp32 and rounds fp16/bf16 updates stochastically. Fused kernels only: a data_parallel table
+            is refused at plan time when this is not fp32 (a dense optimizer would step fp16 weights).
+        embedding_output_dtype: dtype of the pooled embeddings (TBE ``output_dtype`` fused param), and so of the
+            output dist's all-to-all and the gradients sent back: ``fp32``, ``fp16`` or ``bf16``.
+        autocast: ``none``, ``bf16`` or ``fp16``: run the dense arch, the interaction (DCN) and the over arch
+            under ``torch.autocast`` (weights stay fp32; the loss is computed in fp32 from fp32 logits).
+        tf32: allow TF32 matrix products for fp32 work on CUDA (``torch.backends.cuda.matmul.allow_tf32``;
+            MLPerf reference: on). Ignored on CPU.
+        compile: ``torch.compile`` the dense arch, the interaction and the over arch in place
+            (``nn.Module.compile``: parameter names and checkpoints are unchanged). The first steps and every new
+            batch size compile (tens of seconds).
+        compile_mode: ``torch.compile`` mode: ``default``, ``reduce-overhead`` (CUDA graphs),
+            ``max-autotune`` or ``max-autotune-no-cudagraphs``.
+    """
+
+    name: str = "fp32"
+    embedding_dtype: str = "fp32"
+    embedding_output_dtype: str = "fp32"
+    autocast: str = "none"
+    tf32: bool = True
+    compile: bool = False
+    compile_mode: str = "default"
+
+    def __post_init__(self) -> None:
+        for key in ("embedding_dtype", "embedding_output_dtype"):
+            v = getattr(self, key)
+            _check(v in ("fp32", "fp16", "bf16"), f"perf.{key}", f"got {v!r}; use fp32, fp16 or bf16")
+        _check(self.autocast in ("none", "bf16", "fp16"), "perf.autocast",
+               f"got {self.autocast!r}; use none, bf16 or fp16")
+        _check(self.autocast == "none" or self.embedding_output_dtype in ("fp32", self.autocast),
+               "perf.embedding_output_dtype",
+               f"{self.embedding_output_dtype} pooled embeddings cannot meet {self.autocast} autocast (autocast's "
+               f"torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype={self.autocast} or fp32")
+        modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        _check(self.compile_mode in modes, "perf.compile_mode", f"got {self.compile_mode!r}; use one of {modes}")
+
+
+@dataclass
 class OffloadConfig:
     """Embedding tables in host memory (``dlrm/offload.py``), through planner constraints on the compute kernel.
 
@@ -586,6 +632,7 @@ class Config:
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -60,7 +60,7 @@ def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Op
     if gb is not None and gb % world_size:
         raise ConfigError(f"config key `data.global_batch_size`: {gb} does not divide over {world_size} ranks")
     batch = gb // world_size if gb else cfg.data.batch_size
-    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    model = build_model(cfg.model, dense_device=torch.device("meta"), perf=cfg.perf)
     fuse_embedding_optimizer(model, cfg.optimizer)
     pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
                for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}

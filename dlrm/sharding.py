@@ -32,6 +32,7 @@ from torchrec.distributed.planner.storage_reservations import HeuristicalStorage
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Stats
 from torchrec.distributed.sharding_plan import get_default_sharders, placement
 from torchrec.distributed.types import ParameterSharding, ShardingPlan, ShardingType
+from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
@@ -73,9 +74,31 @@ class EmbeddingBagSharder(EmbeddingBagCollectionSharder):
         return types
 
 
-def sharders() -> List[Any]:
-    """TorchRec's default sharders with the EmbeddingBagCollection one replaced by :class:`EmbeddingBagSharder`."""
-    return [EmbeddingBagSharder() if type(s) is EmbeddingBagCollectionSharder else s for s in get_default_sharders()]
+def sharders(fused_params: Optional[Dict[str, Any]] = None) -> List[Any]:
+    """TorchRec's default sharders with the EmbeddingBagCollection one replaced by :class:`EmbeddingBagSharder`
+    built with ``fused_params`` (TBE options such as ``output_dtype``: :func:`fused_params_of`)."""
+    return [EmbeddingBagSharder(fused_params=fused_params) if type(s) is EmbeddingBagCollectionSharder else s
+            for s in get_default_sharders()]
+
+
+def fused_params_of(embedding_output_dtype: str) -> Optional[Dict[str, Any]]:
+    """TBE fused params for ``perf.embedding_output_dtype`` (None for fp32, TorchRec's default)."""
+    from fbgemm_gpu.split_embedding_configs import SparseType
+
+    dtypes = {"fp16": SparseType.FP16, "bf16": SparseType.BF16}
+    return {"output_dtype": dtypes[embedding_output_dtype]} if embedding_output_dtype in dtypes else None
+
+
+def _check_dtypes(pi: "PlanInfo", tables: Sequence[TableInfo]) -> "PlanInfo":
+    """Refuse fp16/bf16 weights on data_parallel tables (DDP gradients and a dense optimizer would step them in
+    half precision, without FBGEMM's fp32 state and stochastic rounding)."""
+    half = {t.name for t in tables if t.weight_bytes != 4}
+    bad = sorted({s["table"] for s in pi.shards if s["sharding_type"] == ShardingType.DATA_PARALLEL.value} & half)
+    if bad:
+        raise PlanError(f"tables {', '.join(bad)} are data_parallel with half-precision weights "
+                        f"(perf.embedding_dtype); set perf.embedding_dtype=fp32, or constrain them to a fused "
+                        f"sharding type (sharding.constraints.<table>.sharding_types=[table_wise])")
+    return pi
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
@@ -156,13 +179,15 @@ def topology(world_size: int, local_world_size: int, device_type: str, cfg: Shar
 # ------------------------------------------------------------------------------------------------ constraints
 @dataclasses.dataclass
 class TableInfo:
-    """One embedding table of a shardable module: ``rows`` x ``dim`` fp32, at ``module`` (an FQN)."""
+    """One embedding table of a shardable module: ``rows`` x ``dim`` weights of ``weight_bytes`` bytes each (4:
+    fp32, 2: fp16/bf16, ``perf.embedding_dtype``), at ``module`` (an FQN)."""
 
     module: str
     name: str
     rows: int
     dim: int
     features: List[str]
+    weight_bytes: int = 4
 
 
 def tables_of(model: torch.nn.Module) -> List[TableInfo]:
@@ -171,13 +196,15 @@ def tables_of(model: torch.nn.Module) -> List[TableInfo]:
     for path, m in model.named_modules():
         if isinstance(m, EmbeddingBagCollection):
             for c in m.embedding_bag_configs():
-                out.append(TableInfo(path, c.name, c.num_embeddings, c.embedding_dim, list(c.feature_names)))
+                nbytes = 4 if c.data_type == DataType.FP32 else 2
+                out.append(TableInfo(path, c.name, c.num_embeddings, c.embedding_dim, list(c.feature_names), nbytes))
     return out
 
 
-def _state_bytes_per_row(dim: int, sparse_type: str) -> int:
-    """fp32 weights plus Adagrad state per row: element-wise ``dim`` floats, row-wise one float."""
-    return 4 * dim + (4 * dim if sparse_type == "adagrad" else 4)
+def _state_bytes_per_row(dim: int, sparse_type: str, weight_bytes: int = 4) -> int:
+    """Weights plus fp32 Adagrad state per row: element-wise ``dim`` floats, row-wise one float (FBGEMM keeps the
+    state in fp32 for fp16 weights too)."""
+    return weight_bytes * dim + (4 * dim if sparse_type == "adagrad" else 4)
 
 
 def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_type: str,
@@ -265,7 +292,7 @@ def _check_fits(tables: Sequence[TableInfo], constraints: Dict[str, ParameterCon
         in_hbm = not cuda or (c.compute_kernels is not None and set(c.compute_kernels) <= {"fused", "dense"})
         if not (set(c.sharding_types or []) <= set(WHOLE_TABLE_TYPES) and in_hbm):
             continue
-        need = t.rows * _state_bytes_per_row(t.dim, sparse_type)
+        need = t.rows * _state_bytes_per_row(t.dim, sparse_type, t.weight_bytes)
         if need > cap:
             raise PlanError(_too_big(t, need, cap, cuda))
 
@@ -334,7 +361,8 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
     topo = topology(world_size, local_world_size, device.type, cfg, device)
     hbm_cap, ddr_cap = int(topo.devices[0].storage.hbm), int(topo.devices[0].storage.ddr)
     if cfg.plan_path:
-        return load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap)
+        return _check_dtypes(
+            load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap), tables)
     sharder = EmbeddingBagSharder()
     constraints = build_constraints(cfg, tables, device.type, pooling_factors, sharder)
     if constraint_hook is not None:
@@ -349,7 +377,7 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
     try:
         plan = planner.plan(model, all_sharders)
     except PlannerError as e:
-        per_row = {t.name: _state_bytes_per_row(t.dim, sparse_type) for t in tables}
+        per_row = {t.name: _state_bytes_per_row(t.dim, sparse_type, t.weight_bytes) for t in tables}
         biggest = max(tables, key=lambda t: t.rows * per_row[t.name])
         cap = (hbm_cap if device.type == "cuda" else ddr_cap) * (1 - cfg.storage_reservation)
         total = sum(t.rows * per_row[t.name] for t in tables)
@@ -367,7 +395,7 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
                            "compute_kernel": so.compute_kernel, "rank": int(sh.rank),
                            "offsets": list(sh.offset), "sizes": list(sh.size),
                            "hbm_bytes": int(st.hbm) if st else None, "ddr_bytes": int(st.ddr) if st else None})
-    return PlanInfo(plan, world_size, local_world_size, device.type, hbm_cap, ddr_cap, shards)
+    return _check_dtypes(PlanInfo(plan, world_size, local_world_size, device.type, hbm_cap, ddr_cap, shards), tables)
 
 
 def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch_size: int,
@@ -399,15 +427,18 @@ def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch
 
 def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: OptimizerConfig,
           batch_size: int, pooling_factors: Optional[Dict[str, float]] = None,
-          constraint_hook: Optional[ConstraintHook] = None,
+          constraint_hook: Optional[ConstraintHook] = None, fused_params: Optional[Dict[str, Any]] = None,
           ) -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners).
+
+    ``fused_params`` go to the TBE kernels (e.g. ``{"output_dtype": SparseType.BF16}``, :func:`fused_params_of`).
 
     Returns ``(dmp, plan)``; the planner's estimates are on ``dmp.plan_info`` (:class:`PlanInfo`).
     """
     fuse_embedding_optimizer(model, opt)
     info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
-    dmp = DistributedModelParallel(module=model, device=info.device, plan=info_.plan, sharders=sharders())
+    dmp = DistributedModelParallel(module=model, device=info.device, plan=info_.plan,
+                                   sharders=sharders(fused_params))
     dmp.plan_info = info_  # type: ignore[attr-defined]
     return dmp, info_.plan
 

@@ -16,11 +16,14 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
@@ -32,12 +35,64 @@ from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
 from dlrm.mlperf_log import MlperfLogger
 from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
-from dlrm.model import FEATURE_NAMES, build_model, table_configs
+from dlrm.model import FEATURE_NAMES, build_model, compile_dense, table_configs
 from dlrm.offload import check_can_train, offload_constraints
 from dlrm.pipeline import build_pipeline
-from dlrm.sharding import dense_optimizer, format_plan, save_plan, shard
+from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, shard
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Built:
+    """What :func:`build_training` returns."""
+
+    unsharded: torch.nn.Module  # the model as built (tables on meta: DMP materialised the local shards)
+    model: DistributedModelParallel
+    plan: ShardingPlan
+    optimizer: CombinedOptimizer  # the fused TBE optimizers plus the dense one
+    scheduler: Any
+    pipeline: Any
+
+
+def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite: bool = False) -> Built:
+    """Model, plan, DMP, optimizers, LR schedule and pipeline, exactly as the trainer runs them (so
+    ``bench/throughput.py`` times this same stack).
+
+    Applies ``perf.*``: TF32 (CUDA), table dtype and autocast (:func:`dlrm.model.build_model`), the TBE output
+    dtype (sharder fused params), and ``torch.compile`` of the dense side after sharding.
+
+    Args:
+        cfg: the whole config.
+        info: this process's rank, world size and device (:func:`dlrm.dist.init_distributed`).
+        batch_size: samples per rank per step (the planner's batch size).
+        skip_nonfinite: ``trainer.on_nonfinite=skip_batch``.
+
+    Raises:
+        PlanError: see :func:`dlrm.sharding.plan_model`.
+    """
+    perf = cfg.perf
+    for key in ("embedding_dtype", "embedding_output_dtype"):
+        if info.device.type == "cpu" and getattr(perf, key) == "bf16":
+            raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use fp16 or fp32 "
+                              "on CPU (bf16 is for CUDA)")
+    if info.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = perf.tf32
+        torch.backends.cudnn.allow_tf32 = perf.tf32
+    model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=skip_nonfinite, perf=perf)
+    pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
+               for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
+    tables = table_configs(cfg.model, perf.embedding_dtype)
+    dmp, plan = shard(model, info, cfg.sharding, cfg.optimizer, batch_size, pooling,
+                      constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
+                      fused_params=fused_params_of(perf.embedding_output_dtype))
+    if perf.compile:
+        compile_dense(dmp.module, perf.compile_mode)
+    dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
+    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    scheduler = make_scheduler(optimizer, cfg.optimizer)
+    pipeline = build_pipeline(dmp, optimizer, info.device, cfg.pipeline)
+    return Built(model, dmp, plan, optimizer, scheduler, pipeline)
 
 
 class Trainer:
@@ -104,21 +159,19 @@ class Trainer:
                  sum(cfg.model.multi_hot_sizes) if self.multi_hot else len(FEATURE_NAMES), self.auc_method)
 
         self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
-        model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=self.skip_nonfinite)
-        pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
-                   for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
-        tables = table_configs(cfg.model)
-        self.model, self.plan = shard(model, info, cfg.sharding, cfg.optimizer, self.batch_size, pooling,
-                                      constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c))
+        built = build_training(cfg, info, self.batch_size, self.skip_nonfinite)
+        model = built.unsharded
+        self.model, self.plan, self.optimizer = built.model, built.plan, built.optimizer
+        self.scheduler, self.pipeline = built.scheduler, built.pipeline
         opt = cfg.optimizer
-        dense = dense_optimizer(self.model, cfg.optimizer)  # MLPs, and data_parallel tables
-        self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
-        self.scheduler = make_scheduler(self.optimizer, opt)
-        self.pipeline = build_pipeline(self.model, self.optimizer, info.device, cfg.pipeline)
 
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
+        p = cfg.perf
+        log.info("perf %s: tables %s, pooled embeddings %s, autocast %s, tf32 %s, compile %s", p.name,
+                 p.embedding_dtype, p.embedding_output_dtype, p.autocast,
+                 p.tf32 if info.device.type == "cuda" else "n/a (cpu)", p.compile_mode if p.compile else "off")
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))

@@ -39,7 +39,7 @@ def test_skip_nonfinite_zeroes_the_update_of_a_bad_batch_and_keeps_good_ones() -
     skip = build_model(cfg, torch.device("cpu"), torch.device("cpu"), skip_nonfinite=True)
     torch.manual_seed(0)
     plain = build_model(cfg, torch.device("cpu"), torch.device("cpu"))
-    assert type(plain) is DLRMTrain
+    assert isinstance(plain, DLRMTrain) and plain.autocast_dtype is None
     g = torch.Generator().manual_seed(1)
     split = D.Split(torch.rand(4, 13, generator=g), torch.randint(0, 3, (4, 26), generator=g),
                     torch.tensor([0.0, 1.0, 0.0, 1.0]), "train")
@@ -47,7 +47,9 @@ def test_skip_nonfinite_zeroes_the_update_of_a_bad_batch_and_keeps_good_ones() -
     # a good batch: the same loss and gradients as torchrec's DLRMTrain
     l1, (_, logits1, _, ok1) = skip(good)
     l2, (_, logits2, _) = plain(good)
+    l3, (_, logits3, _) = DLRMTrain(plain.model)(good)  # torchrec's own loss on the same network
     assert bool(ok1) and torch.equal(l1, l2) and torch.equal(logits1, logits2)
+    assert torch.equal(l2, l3) and torch.equal(logits2, logits3)
     l1.backward()
     l2.backward()
     for (n, a), (_, b) in zip(skip.named_parameters(), plain.named_parameters()):

@@ -1,0 +1,281 @@
+"""Steady-state training speed of the trainer (each ``perf.*`` lever alone and combined) against stock TorchRec,
+in the same process and on the same batches (issue 9).
+
+    # 1x H200 (the MLPerf DLRM-v2 model, tables capped at 4 M rows like the stock baseline)
+    torchrun --standalone --nproc_per_node 1 bench/throughput.py --batch-sizes 8192 32768
+    # 2x H200
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/throughput.py --batch-sizes 8192 32768
+    # CPU smoke test (gloo, tiny model): the same code paths, numbers meaningless
+    torchrun --standalone --nproc_per_node 2 bench/throughput.py --smoke --out /tmp/tp
+
+What is timed, per variant and per-rank batch size: ``--repeats`` repeats of ``--steps`` steps after ``--warmup``
+untimed steps, a device synchronize and a barrier (a rank still copying must not look like a slow collective);
+ms/step is the slowest rank's; the median repeat is reported with min and max. Batches are random (uniform ids,
+MLPerf multi-hot sizes: 214 ids per sample), built once on the device before timing and cycled, the same pool for
+every variant.
+
+Variants (``--variants``):
+  stock      plain TorchRec, the reference's setup (``bench/pipeline_ab.py``'s stock runner: planner, DMP,
+             ``TrainPipelineSparseDist``, fp32, fused row-wise Adagrad, TF32 on, dense Adagrad).
+  others     the trainer's own stack, built by ``dlrm.trainer.build_training`` from the composed config
+             ``BASE + LEVERS[name]`` (see ``LEVERS`` below), and timed as ``Trainer.fit`` steps: ``pipeline.progress``,
+             the LR scheduler step, and the metric window (one host sync per ``--log-every`` steps, with the
+             windowed train AUC).
+Variants are built one after another and freed (two capped models plus compiled graphs would not all fit at
+32768); ``stock`` runs first and again last, so drift over the run shows.
+
+``--profile VARIANT`` additionally profiles 10 steps of that variant with torch.profiler and prints where the
+GPU time goes (``pipeline_ab.gpu_time_by_category``: kernel time per step for TBE forward, TBE backward with the
+fused optimizer, NCCL all-to-all and all-reduce, matrix products, fused (triton) elementwise, other elementwise,
+copies). A variant that fails (say, a compile mode) is reported as failed and the others still run.
+
+Output: ``throughput.json`` and ``throughput.md`` under ``--out`` (default ``bench/results/<timestamp>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import pipeline_ab as ab  # noqa: E402  (the stock runner, batch pool and timing loop)
+
+from dlrm.config import compose, to_config  # noqa: E402
+from dlrm.dist import DistInfo, init_distributed  # noqa: E402
+from dlrm.trainer import _Window, build_training  # noqa: E402
+
+# The MLPerf DLRM-v2 model at the stock baseline's size (../shared/perf/baseline.md: tables capped at 4 M rows,
+# row-wise Adagrad); lr is the MLPerf value for global batch 65,536 (it only sets the magnitude of the updates).
+BASE = ["model=dlrm_v2", "model.row_cap=4000000", "optimizer.sparse_type=rowwise_adagrad", "optimizer.lr=0.004",
+        "data.multi_hot=true", "sharding=auto"]
+SMOKE_BASE = ["model=dlrm_v2_small", "model.row_cap=1000", "optimizer.lr=0.004"]
+
+LEVERS: Dict[str, List[str]] = {
+    "fp32": ["perf=fp32"],  # the trainer at reference numerics (TF32 matmuls, as stock)
+    "no_tf32": ["perf=fp32", "perf.tf32=false"],
+    "emb_fp16": ["perf.embedding_dtype=fp16"],
+    "emb_out_bf16": ["perf.embedding_output_dtype=bf16"],
+    "emb_half": ["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=bf16"],
+    "autocast": ["perf.autocast=bf16", "perf.embedding_output_dtype=bf16"],
+    "compile": ["perf.compile=true"],
+    "autocast_compile": ["perf.autocast=bf16", "perf.embedding_output_dtype=bf16", "perf.compile=true"],
+    "fast": ["perf=fast"],
+    "fast_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
+    "fast_adagrad": ["perf=fast", "optimizer.sparse_type=adagrad"],  # element-wise Adagrad (the MLPerf rule)
+}
+DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",
+                    "fast_adagrad"]
+
+
+class TrainerRunner(ab.Runner):
+    """The trainer's stack (``build_training``) over the same batch pool, timed like ``Trainer.fit`` steps."""
+
+    def __init__(self, name: str, overrides: List[str], batch: int, args: argparse.Namespace, info: DistInfo,
+                 world: int) -> None:
+        self.args, self.device, self.spec = args, info.device, None
+        if info.device.type == "cpu":  # FBGEMM's CPU TBE has no bf16: the smoke test runs fp16 instead
+            overrides = [o.replace("bf16", "fp16") for o in overrides]
+            overrides += ["perf.embedding_output_dtype=fp16", "perf.autocast=fp16"] if "perf=fast" in overrides else []
+        self.overrides = overrides
+        cfg = to_config(compose((SMOKE_BASE if args.smoke else BASE) + overrides + [f"data.batch_size={batch}"]))
+        self.cfg = cfg
+        torch.manual_seed(0)
+        built = build_training(cfg, info, batch)
+        self.model, self.opt, self.pipe, self.scheduler = built.model, built.optimizer, built.pipeline, built.scheduler
+        self.plan_kernels = sorted({(ps.sharding_type, ps.compute_kernel)
+                                    for mp in built.plan.plan.values() for ps in mp.values()})  # type: ignore
+        self.mc = cfg.model
+        self.pool = ab.make_batches(cfg.model, batch, args.pool, info.device, False, seed=1000 + dist.get_rank())
+        self.win = _Window(info.device)
+        self.n = 0
+
+    def after_step(self, out: Any) -> None:
+        self.scheduler.step()
+        self.win.add(out[0], out[1], out[2], out[3] if len(out) > 3 else None, int(out[2].shape[0]))
+        self.n += 1
+        if self.n % self.args.log_every == 0:
+            self.win.reduce(True)  # the trainer's per-window sync: loss, train AUC, non-finite check
+
+
+def time_runner(run: ab.Runner, steps: int, warmup: int) -> float:
+    """ms/step of ``steps`` steady-state steps (slowest rank), as ``pipeline_ab.Runner.repeat`` but calling
+    ``run.after_step`` (the trainer's per-step bookkeeping) where the runner has one."""
+    hook = getattr(run, "after_step", None)
+    it = itertools.islice(itertools.cycle(run.pool), warmup + steps + 3)
+    for _ in range(warmup):
+        out = run.pipe.progress(it)
+        if hook:
+            hook(out)
+    ab.sync(run.device)
+    dist.barrier()
+    ab.sync(run.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = run.pipe.progress(it)
+        if hook:
+            hook(out)
+    ab.sync(run.device)
+    ms = torch.tensor([(time.perf_counter() - t0) * 1000.0 / steps], dtype=torch.float64)
+    run.last_loss = float(out[0].detach().float().mean())
+    while True:  # drain the batches still in the pipeline, untimed
+        try:
+            run.pipe.progress(it)
+        except StopIteration:
+            break
+    ms = ms.to(run.device) if run.device.type == "cuda" else ms
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+    return float(ms.item())
+
+
+def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
+    try:
+        return _run_variant(name, batch, args, info, world)
+    except Exception as e:  # noqa: BLE001 - one failing lever (e.g. a compile mode) must not lose the others
+        if info.is_main:
+            print(f"{name:>16} b{batch}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  flush=True)
+        gc.collect()
+        if info.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"config": name, "batch_per_rank": batch, "error": f"{type(e).__name__}: {e}"[:2000],
+                "overrides": LEVERS.get(name, [])}
+
+
+def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
+    t0 = time.perf_counter()
+    if name == "stock":
+        run: ab.Runner = ab.Runner(ab.Spec(f"stock/b{batch}", batch, stock=True), args, info.device, world)
+        overrides: List[str] = []
+    else:
+        overrides = LEVERS[name]
+        run = TrainerRunner(name, overrides, batch, args, info, world)
+    built_s = time.perf_counter() - t0
+    ms = [time_runner(run, args.steps, args.warmup if r else args.warmup + args.first_warmup)
+          for r in range(args.repeats)]
+    extra: Dict[str, Any] = {"overrides": overrides, "plan": run.plan_kernels, "last_loss": run.last_loss,
+                             "build_s": round(built_s, 1)}
+    if info.device.type == "cuda":
+        extra["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(info.device) / 1e9, 2)
+    if args.profile == name:
+        extra["breakdown_ms_per_step"] = ab.gpu_time_by_category(run)
+    row = ab.summarize(name, None, "-", ms, world, batch, extra)
+    run.close()
+    for attr in ("scheduler", "win"):
+        if hasattr(run, attr):
+            delattr(run, attr)
+    gc.collect()
+    if info.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(info.device)
+    if info.is_main:
+        print(f"{name:>16} b{batch}: {row['ms_median']:.3f} ms/step ({row['ms_min']:.3f}-{row['ms_max']:.3f}), "
+              f"{row['samples_per_s'] / 1e6:.3f} M samples/s, loss {run.last_loss:.4f}, built in {built_s:.0f}s",
+              flush=True)
+    return row
+
+
+def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+    lines = [f"# throughput: {meta['date']} on {meta['device']} x{meta['world']} (torch {meta['torch']}, "
+             f"torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} steps, warm-up "
+             f"{meta['warmup']})", "",
+             "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock (mean of its 2 runs) | peak GB | plan |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    stock: Dict[int, float] = {}
+    for b in {r["batch_per_rank"] for r in rows}:
+        ms = [r["ms_median"] for r in rows if r["config"] == "stock" and r["batch_per_rank"] == b and "error" not in r]
+        if ms:
+            stock[b] = statistics.mean(ms)  # first and last stock run of this batch size
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['config']} | {' '.join(r['overrides'])} | {r['batch_per_rank']} | failed: "
+                         f"{r['error'].splitlines()[0][:120]} | | | | | | |")
+            continue
+        ratio = f"{stock[r['batch_per_rank']] / r['ms_median']:.2f}x" if r["batch_per_rank"] in stock else ""
+        plan = "; ".join(f"{a}/{b}" for a, b in r.get("plan", []))
+        lines.append(f"| {r['config']} | {' '.join(r['overrides'])} | {r['batch_per_rank']} | {r['ms_median']:.3f} | "
+                     f"{r['ms_min']:.3f} | {r['ms_max']:.3f} | {r['samples_per_s'] / 1e6:.3f} M | {ratio} | "
+                     f"{r.get('peak_mem_gb', '')} | {plan} |")
+    for r in rows:
+        if "breakdown_ms_per_step" in r:
+            lines += ["", f"Where the GPU time goes: {r['config']}, batch {r['batch_per_rank']} per GPU "
+                      f"(kernel ms per step; streams overlap, so the total can exceed the step time)", "",
+                      "| category | ms/step |", "| --- | --- |"]
+            lines += [f"| {k} | {v:.3f} |" for k, v in r["breakdown_ms_per_step"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=["stock"] + list(LEVERS))
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[8192, 32768], help="per GPU")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--warmup", type=int, default=15, help="untimed steps before each repeat")
+    p.add_argument("--first-warmup", type=int, default=25, help="extra untimed steps before the first repeat "
+                   "(torch.compile and autotuning)")
+    p.add_argument("--pool", type=int, default=8, help="distinct random batches, cycled")
+    p.add_argument("--log-every", type=int, default=20, help="the trainer's logger.log_every_n_steps")
+    p.add_argument("--profile", default=None, help="variant whose GPU time is broken down (e.g. fast)")
+    p.add_argument("--lr", type=float, default=0.004, help="stock runner's lr")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (tests); numbers are meaningless")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    # attributes pipeline_ab.Runner reads for the stock runner
+    args.full_cardinality, args.row_cap, args.host_batches, args.offload_min_rows = False, ab.STOCK_ROW_CAP, False, 0
+    if args.smoke:
+        args.steps, args.warmup, args.first_warmup, args.repeats, args.pool = 3, 1, 0, 2, 4
+        args.batch_sizes, args.log_every = [32], 2
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    args = parse_args(argv)
+    info = init_distributed("cpu" if args.smoke else "auto")
+    if info.device.type == "cuda":
+        torch.cuda.set_device(info.device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # the stock setup; trainer variants set perf.tf32 themselves
+        torch.backends.cudnn.allow_tf32 = True
+    world = info.world_size
+    import torchrec
+
+    variants = list(args.variants)
+    if "stock" in variants and len(variants) > 1:
+        variants.append("stock")  # again at the end: drift check
+    rows: List[Dict[str, Any]] = []
+    for b in args.batch_sizes:
+        for v in variants:
+            rows.append(run_variant(v, b, args, info, world))
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "world": world,
+            "device": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "torchrec": getattr(torchrec, "__version__", "?"), "argv": sys.argv,
+            **vars(args)}
+    if info.is_main:
+        out = args.out or os.path.join("bench", "results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "throughput.json"), "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "results": rows}, f, indent=1, default=str)
+        md = markdown(rows, meta)
+        with open(os.path.join(out, "throughput.md"), "w", encoding="utf-8") as f:
+            f.write(md)
+        print(md)
+    dist.barrier()
+    return rows
+
+
+if __name__ == "__main__":
+    main()
+    dist.destroy_process_group()
