@@ -1,10 +1,16 @@
-"""Training speed with and without periodic checkpoints (async and synchronous), 1 process::
+"""Training speed with and without periodic checkpoints (async and synchronous), 1 process (or torchrun)::
 
-    .venv/bin/python bench/checkpoint_overhead.py [--steps 200] [--every 50] [overrides ...]
+    .venv/bin/python bench/checkpoint_overhead.py [--steps 200] [--every 50] [--modes none,async,sync] [overrides ...]
+    # GPU, DLRM-v2 tables capped at 4 M rows (12.4 GB of weights):
+    python bench/checkpoint_overhead.py --steps 120 --every 40 device=cuda model=dlrm_v2 model.row_cap=4000000 \\
+        data.multi_hot=false data.batch_size=8192 data.num_train_samples=1048576 data.num_val_samples=8192
 
-Runs the same training three times in this process (no checkpoints; ``checkpoint.async_save=true`` every
-``--every`` steps; ``async_save=false`` every ``--every`` steps) and prints samples/s of the whole fit loop,
-saves included. Results go in docs/benchmarks.md with the hardware they were measured on.
+Runs the same training once per mode in this process (``none``: no checkpoints; ``async``:
+``checkpoint.async_save=true`` every ``--every`` steps; ``sync``: ``async_save=false`` every ``--every`` steps)
+and prints samples/s of the whole fit loop, saves included (the last async save is waited for), and the mean
+time the training loop spent inside ``Checkpointer.save`` per save (async: staging; the first save of a run
+also allocates and pins the host buffers). Results go in docs/benchmarks.md with the hardware they were
+measured on.
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import platform
 import sys
 import tempfile
 import time
+from typing import List, Tuple
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 
-def run(steps: int, every: int, async_save: bool, extra: list) -> float:
+def run(steps: int, every: int, async_save: bool, extra: list) -> Tuple[float, List[float]]:
+    """Returns (samples/s, seconds spent in each Checkpointer.save call)."""
+    from dlrm.checkpoint import Checkpointer
     from dlrm.config import compose
     from dlrm.trainer import Trainer
 
@@ -29,29 +38,59 @@ def run(steps: int, every: int, async_save: bool, extra: list) -> float:
         cfg = compose([f"trainer.max_steps={steps}", f"checkpoint.every_n_steps={every}",
                        f"checkpoint.async_save={str(async_save).lower()}", "eval.every_n_steps=null",
                        "eval.at_end=false", "data.num_test_samples=0", "logger.log_every_n_steps=50",
-                       "checkpoint.resume=none", *extra])
+                       "checkpoint.resume=none", f"checkpoint.dir={d}/ck", *extra])
         t = Trainer(cfg, d)
         t.setup()
-        t0 = time.perf_counter()
-        t.fit()
-        t.close()  # includes waiting for the last async save
-        dt = time.perf_counter() - t0
-        return steps * t.global_batch / dt
+        saves: List[float] = []
+        orig = Checkpointer.save
+
+        def timed(self, *a, **k):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            try:
+                return orig(self, *a, **k)
+            finally:
+                saves.append(time.perf_counter() - t0)
+
+        Checkpointer.save = timed  # type: ignore[method-assign]
+        try:
+            t0 = time.perf_counter()
+            t.fit()
+            t.close()  # includes waiting for the last async save
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+        finally:
+            Checkpointer.save = orig  # type: ignore[method-assign]
+        return steps * t.global_batch / dt, saves
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--modes", default="none,async,sync", help="comma-separated subset of none,async,sync")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    res = {name: run(a.steps, every, asy, a.overrides)
-           for name, every, asy in (("none", 0, True), ("async", a.every, True), ("sync", a.every, False))}
-    for name, v in res.items():
-        print(f"checkpoints {name:>5} (every {a.every if name != 'none' else '-'} steps): {v:,.0f} samples/s "
-              f"({100 * (1 - v / res['none']):+.1f}% slower than none)" if name != "none" else
-              f"checkpoints  none: {v:,.0f} samples/s")
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or platform.machine())
+    if main_rank:
+        print(f"host: {dev}, {os.cpu_count()} cores, torch {torch.__version__}; overrides: {' '.join(a.overrides)}")
+    modes = {"none": (0, True), "async": (a.every, True), "sync": (a.every, False)}
+    res = {}
+    for name in a.modes.split(","):
+        every, asy = modes[name]
+        res[name] = run(a.steps, every, asy, a.overrides)
+        if not main_rank:
+            continue
+        v, saves = res[name]
+        line = f"checkpoints {name:>5} (every {every or '-'} steps): {v:,.0f} samples/s"
+        if "none" in res and name != "none":
+            line += f" ({100 * (v / res['none'][0] - 1):+.1f}% vs none)"
+        if saves:
+            later = saves[1:] or saves
+            line += (f"; in save(): first {saves[0]:.2f}s, later mean {sum(later) / len(later):.3f}s "
+                     f"({len(saves)} saves)")
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

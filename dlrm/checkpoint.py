@@ -26,15 +26,22 @@ save returning means every rank's data is on disk). Readers only consider ``step
 ``.metadata`` and ``meta.json``; a leftover ``*.tmp`` (a save interrupted by a crash) is reported and removed
 at the next start.
 
-Async save: state is copied to host memory (pinned and reused between saves on CUDA, via DCP's
-``FileSystemWriter(cache_staged_state_dict=True)``), then DCP writes it from a background thread while training
+Async save: the state is staged in host memory, then DCP writes it from a background thread while training
 continues; the next save waits for the previous one. The save's collectives run on a dedicated gloo process
-group, so they never interleave with the training's collectives.
+group, so they never interleave with the training's collectives. On CPU, staging is DCP's own copy
+(``FileSystemWriter.stage``). On CUDA (:class:`_StreamStagedWriter`) the device-to-host copies run on a staging
+stream of their own into pinned buffers allocated at the first save and reused: the staging stream first waits
+for an event recorded on the training stream (so it copies this step's weights), and the training stream waits
+for the copies' completion event before its next kernel, because the next backward updates the TBE weights and
+optimizer state in place (fused optimizer) and the dense optimizer step updates the MLPs in place. The host
+never blocks on the copy; the writer thread waits for the completion event before it reads the buffers.
 
 Preemption: SIGTERM sets a flag; at the end of the current step every rank agrees on it (a 1-int all-reduce on
 its own gloo group when world > 1), saves synchronously, and the run exits with status 0. The next start with
-the same ``checkpoint.dir`` resumes. Under ``torchrun --max-restarts K`` (torchx ``dist.ddp --max_retries``) a
-rank killed outright leads to a restart of all ranks, which resume from the newest complete checkpoint.
+the same ``checkpoint.dir`` resumes. Under ``torchrun --max-restarts K`` (with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see ``dlrm/dist.py``; torchx: ``launch/components.py:trainer
+--max_restarts K``) a rank killed outright leads to a restart of all ranks, which resume from the newest complete
+checkpoint; a scheduler retry (torchx ``--max_retries``) relaunches the job, which resumes the same way.
 
 Why our own module: DCP does the sharded I/O and resharding; what the run needs around it (atomic directories,
 retention, the trainer's step / data position / RNG / metric window, layout reports on reshard, SIGTERM) is
@@ -239,6 +246,58 @@ def set_rng_state(st: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+class _StreamStagedWriter(FileSystemWriter):
+    """DCP writer whose :meth:`stage` copies CUDA tensors to pinned host memory on a dedicated CUDA stream.
+
+    Why our own: DCP's ``FileSystemWriter(cache_staged_state_dict=True)`` (``BlockingAsyncStager``) copies on
+    the current stream and blocks the host per tensor; torch's ``staging.DefaultStager`` (torch >= 2.8) copies
+    on its own stream but records no ordering against the training stream in either direction (its copy can
+    read weights before this step's update kernels ran, and the next backward can update them mid-copy), which
+    the fused TBE optimizer (in-place update inside backward) turns into a torn checkpoint. This uses DCP's
+    state-dict helpers (``_create_cpu_state_dict``, ``_copy_state_dict``, present in torch 2.11 and 2.13; they
+    handle ``ShardedTensor``) and adds the two events.
+
+    Ordering (see the module docstring): training stream --ready--> staging stream copies --done--> training
+    stream (its next kernel) and writer thread (``done.synchronize()`` in :meth:`write_data`).
+
+    Args:
+        path: the checkpoint directory (DCP resets it per save through ``checkpoint_id``).
+        device: the training device (``cuda:<i>``).
+    """
+
+    def __init__(self, path: str, device: torch.device) -> None:
+        super().__init__(path)
+        self.device = device
+        # created on the main thread after the training stream has been used (a stream made earlier could alias
+        # the default stream on some set-ups, as DCP's DefaultStager notes)
+        self.stream = torch.cuda.Stream(device=device)
+        self._cache: Optional[Dict[str, Any]] = None
+        self.done: Optional[torch.cuda.Event] = None
+
+    def stage(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        if self._cache is None:  # pinned buffers: allocated once (the layout does not change during a run)
+            self._cache = _create_cpu_state_dict(state_dict, pin_memory=True)
+        train = torch.cuda.current_stream(self.device)
+        ready = torch.cuda.Event()
+        ready.record(train)
+        self.stream.wait_event(ready)
+        with torch.cuda.stream(self.stream):
+            staged = _copy_state_dict(state_dict, self._cache, non_blocking=True)
+        self.done = torch.cuda.Event()
+        self.done.record(self.stream)
+        # GPU-side wait: no host sync. Any memory of state_dict temporaries that the training stream reuses
+        # after this point is also ordered after the copies.
+        train.wait_event(self.done)
+        return staged
+
+    def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
+        if self.done is not None:
+            self.done.synchronize()  # writer thread: the pinned buffers hold this step's state
+        return super().write_data(plan, planner)
+
+
 class _KillAfterWrite(FileSystemWriter):
     """Test hook (:data:`TEST_KILL_DURING_SAVE_ENV`): SIGKILL this process once its shard files are written."""
 
@@ -271,8 +330,6 @@ class Checkpointer:
         # Saves run collectives from a background thread; a group of their own keeps them apart from training's.
         self.pg = dist.new_group(backend="gloo")
         self.sig_pg = dist.new_group(backend="gloo") if info.world_size > 1 else None
-        # On CUDA the staging buffers are pinned and reused across saves; on CPU a fresh copy each time.
-        self._writer_kwargs = {"cache_staged_state_dict": info.device.type == "cuda"}
         self._writer: Optional[FileSystemWriter] = None
         self._pending: Optional[Tuple[Any, int, str]] = None  # (future, step, tmp dir)
         self.last_saved_step = -1
@@ -444,8 +501,9 @@ class Checkpointer:
             s, r = (int(x) for x in hook.split(":"))
             if s == step and r == self.info.rank:
                 return _KillAfterWrite(tmp)
-        if self._writer is None:  # reused so that its (pinned, CUDA) staging cache is reused
-            self._writer = FileSystemWriter(tmp, **self._writer_kwargs)
+        if self._writer is None:  # reused so that its pinned staging buffers (CUDA) are reused
+            self._writer = (_StreamStagedWriter(tmp, self.info.device) if self.info.device.type == "cuda"
+                            else FileSystemWriter(tmp))  # CPU: DCP's copy, a fresh one per save
         return self._writer
 
     def _poll(self) -> None:

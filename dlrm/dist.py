@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,19 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _warn_shared_store_restarts(rank: int) -> None:
+    """torchrun ``--max-restarts`` with the agent's shared TCPStore (the default): the store's keys outlive a
+    restart, so a restarted rank can read a peer's address of the previous attempt and fail with ``Gloo
+    connectFullMesh failed ... Connection refused`` (NCCL: ``socketPollConnect ... Connection refused``).
+    Reproduced with torch 2.13 + gloo in a 2-process script; pytorch/pytorch#135712, #167288. The fix is in the
+    launcher's environment, so here only a warning."""
+    if (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and rank == 0):
+        warnings.warn("torchrun --max-restarts with the shared rendezvous store: a restarted worker may fail to "
+                      "connect to its peers (pytorch/pytorch#135712); export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                      "before torchrun (the torchx component launch/components.py:trainer sets it)", stacklevel=3)
+
+
 def init_distributed(device_name: str = "auto") -> DistInfo:
     """Initialise the default process group (idempotent) and pick this rank's device."""
     rank = int(os.environ.get("RANK", 0))
@@ -60,6 +74,7 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
     device = resolve_device(device_name, local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
+        _warn_shared_store_restarts(rank)
         if "MASTER_ADDR" not in os.environ:
             if world != 1:
                 raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is unset: launch with torchrun or torchx")

@@ -23,7 +23,11 @@ from typing import Dict, List, Optional
 import torchx.specs as specs
 from torchx.components.dist import ddp
 
-DEFAULT_ENV: Dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers get a fresh TCPStore per restart instead of sharing the
+# agent's, whose keys outlive a restart; with it shared, a rank restarted by `torchrun --max_restarts` can read
+# a peer's address from the previous attempt and fail to connect (pytorch/pytorch#135712, #167288).
+DEFAULT_ENV: Dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1",
+                               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 DATA_DST = "/data"
 OUTPUTS_DST = "/outputs"
 # The run-name rule of dlrm/cli.py (_NAME_OK), checked here too so a bad name fails at launch, not on the cluster.
@@ -51,6 +55,7 @@ def trainer(
     env: Optional[Dict[str, str]] = None,
     nccl_debug: str = "WARN",
     max_retries: int = 0,
+    max_restarts: int = 0,
     data: Optional[str] = None,
     outputs: Optional[str] = None,
     output_root: Optional[str] = None,
@@ -73,6 +78,8 @@ def trainer(
         nccl_debug: ``NCCL_DEBUG`` level (``WARN``, ``INFO`` to debug hangs and timeouts, ``""`` to leave unset).
         max_retries: times the scheduler restarts the whole job after a failure; retries write into the same
             run directory (the app id does not change).
+        max_restarts: times torchrun restarts all workers of the job in place after a worker fails (torchrun
+            ``--max_restarts``; no rescheduling); the restarted workers resume from the newest checkpoint.
         data: mounted read-only at ``/data`` (containers): a host directory, or ``pvc:<claim>`` on kubernetes.
         outputs: mounted at ``/outputs`` (containers), a host directory or ``pvc:<claim>``; each job's run
             directory (``metrics.jsonl``, ``config.yaml``, logs, checkpoints) is ``/outputs/<app id>``.
@@ -83,9 +90,11 @@ def trainer(
         name: job name; the scheduler's app id (and so the run directory) starts with it.
 
     Raises:
-        ValueError: an empty mount source, a ``run_name`` that is not a plain directory name, or ``outputs``
-            together with a different ``output_root``.
+        ValueError: an empty mount source, a ``run_name`` that is not a plain directory name, ``outputs``
+            together with a different ``output_root``, or a negative ``max_restarts``.
     """
+    if max_restarts < 0:
+        raise ValueError(f"--max_restarts={max_restarts} must be >= 0")
     job_env: Dict[str, str] = dict(DEFAULT_ENV)
     if nccl_debug:
         job_env["NCCL_DEBUG"] = nccl_debug
@@ -106,7 +115,7 @@ def trainer(
         job_env["DLRM_RUN_NAME"] = run_name
     job_env.update(env or {})
     all_mounts += mounts or []
-    return ddp(
+    app = ddp(
         *overrides,
         script="train.py",
         image=image,
@@ -120,3 +129,8 @@ def trainer(
         max_retries=max_retries,
         mounts=all_mounts or None,
     )
+    if max_restarts:  # dist.ddp has no such parameter: add torchrun's flag to its command line
+        role = app.roles[0]
+        assert role.args[1].startswith("torchrun "), role.args
+        role.args[1] = f"torchrun --max_restarts {max_restarts} " + role.args[1][len("torchrun "):]
+    return app

@@ -24,6 +24,18 @@ needs_kaggle = pytest.mark.skipif(
     reason=f"real Criteo rows not found at {KAGGLE_SAMPLE} (the repo expects ../shared/data/criteo beside it)")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` tests skip where CUDA is absent (run them on a GPU host with ``pytest -m gpu``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu); run on a GPU host: pytest -m gpu")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,5 @@
-"""Checkpoints: exact resume, SIGTERM, kill -9 mid-save with a torchrun restart, reshard on load, export.
+"""Checkpoints: exact resume, SIGTERM, kill -9 mid-save with a torchrun restart, reshard on load, export, and
+(GPU hosts: ``pytest -m gpu``) async staging on a CUDA stream.
 
     .venv/bin/python -m pytest -q tests/test_checkpoint.py
 """
@@ -81,31 +82,31 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
 
 
 def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
-    """2 gloo ranks under torchrun: rank 1 is SIGKILLed while writing step 10, so the job fails. The next start
-    ignores (and removes) the partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log
-    the same losses as the first attempt (exact resume with 2 processes).
+    """2 gloo ranks under ``torchrun --max-restarts 1`` (torchx component ``--max_restarts``): rank 1 is SIGKILLed
+    while writing step 10; torchrun restarts both workers in place; the restart ignores (and removes) the
+    partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log the same losses as the first
+    attempt (exact resume with 2 processes).
 
-    The restart is a second torchrun here: ``torchrun --max-restarts 1`` (torchx ``--max_retries``) restarts the
-    workers as intended, but with torch 2.13 + gloo the restarted rank 1 can read rank 0's address of the
-    previous attempt from the rendezvous store and fail to connect (reproduced without this trainer)."""
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (set by launch/components.py): without it the restarted rank 1 can
+    read rank 0's gloo address of the first attempt from torchrun's shared store and fail to connect
+    (pytorch/pytorch#135712); the trainer warns about that combination."""
     d = tmp_path / "run"
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d}", *SMALL,
-           "trainer.max_steps=15", "checkpoint.every_n_steps=5"]
-    p = subprocess.run(cmd, cwd=REPO, env={**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1"}, capture_output=True,
-                       text=True, timeout=300)
-    text = p.stdout + p.stderr
-    assert p.returncode != 0 and "killing rank 1 mid-save" in text, text
-    assert sorted(os.listdir(d / "checkpoints")) == ["step_10.tmp", "step_5"]
-    n_first = len([r for r in records(d) if "loss" in r])
-    p = run(cmd)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "--max-restarts", "1", "train.py",
+           f"hydra.run.dir={d}", *SMALL, "trainer.max_steps=15", "checkpoint.every_n_steps=5"]
+    p = subprocess.run(cmd, cwd=REPO, env={**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1",
+                                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+                       capture_output=True, text=True, timeout=300)
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
+    assert "killing rank 1 mid-save" in text and "exitcode: -9" in text, text
     assert "ignoring incomplete checkpoint" in text and "step_10.tmp" in text, text
     assert "step_5 at step 5" in text, text
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun" not in text, text
     assert sorted(os.listdir(d / "checkpoints")) == ["step_10", "step_15"]
     recs = [r for r in records(d) if "loss" in r]
-    first = {r["step"]: r["loss"] for r in recs[:n_first]}
-    again = {r["step"]: r["loss"] for r in recs[n_first:]}
+    restart = next(i for i in range(1, len(recs)) if recs[i]["step"] <= recs[i - 1]["step"])
+    first = {r["step"]: r["loss"] for r in recs[:restart]}
+    again = {r["step"]: r["loss"] for r in recs[restart:]}
     assert sorted(again) == list(range(6, 16)) and set(range(1, 11)) <= set(first), (first, again)
     assert [again[s] for s in range(6, 11)] == [first[s] for s in range(6, 11)]
 
@@ -237,3 +238,60 @@ def test_resume_errors_are_clear(tmp_path: Path) -> None:
         resolve_checkpoint(str(tmp_path / "step_3.tmp"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_checkpoint(str(tmp_path / "nope"))
+
+
+# ------------------------------------------------------------------------------------------------- CUDA (GPU)
+def _local_pieces(state: dict) -> Dict[str, List[tuple]]:
+    """name -> [(offsets, tensor)] of this rank's data (ShardedTensor: its local shards), cloned on the device."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from dlrm.checkpoint import _flatten
+
+    out: Dict[str, List[tuple]] = {}
+    for k, v in _flatten(state).items():
+        if isinstance(v, ShardedTensor):
+            out[k] = [(tuple(s.metadata.shard_offsets), s.tensor.detach().clone()) for s in v.local_shards()]
+        elif isinstance(v, torch.Tensor):
+            out[k] = [((0,) * v.dim(), v.detach().clone())]
+    return out
+
+
+@pytest.mark.gpu
+def test_async_save_on_cuda_staging_stream_is_the_step_state(tmp_path: Path) -> None:
+    """1 GPU, DLRM-v2 tables capped at 1 M rows (~3.7 GB): an async save issued right after step 3 was enqueued
+    (no host sync) holds exactly step 3's weights and optimizer state, although steps 4-6 were enqueued right
+    after it and update the same tensors in place (fused TBE Adagrad in backward, dense Adagrad)."""
+    from dlrm.checkpoint import _StreamStagedWriter, app_state, step_dir
+    from dlrm.config import compose
+    from dlrm.export import full_state_dict
+    from dlrm.trainer import Trainer
+
+    cfg = compose(["device=cuda", "model=dlrm_v2", "model.row_cap=1000000", "data.multi_hot=false",
+                   "data.batch_size=8192", "data.num_train_samples=65536", "data.num_val_samples=8192",
+                   "data.num_test_samples=0", "eval.every_n_steps=null", "eval.at_end=false",
+                   "checkpoint.resume=none", f"checkpoint.dir={tmp_path / 'ck'}", "optimizer.lr=0.05"])
+    t = Trainer(cfg, str(tmp_path))
+    t.setup()
+    try:
+        it = t._train_iter()
+        for _ in range(3):
+            t.pipeline.progress(it)
+            t.step += 1
+        t.ckpt.save(t, None, block=False)
+        assert isinstance(t.ckpt._writer, _StreamStagedWriter)
+        ref = _local_pieces(app_state(t.model, t.optimizer))  # on the training stream: step 3's values
+        for _ in range(3):
+            t.pipeline.progress(it)
+        now = _local_pieces(app_state(t.model, t.optimizer))
+        t.ckpt.wait()
+        saved = full_state_dict(step_dir(str(tmp_path / "ck"), 3))
+        changed = 0
+        for k, pieces in ref.items():
+            for (off, a), (_, b) in zip(pieces, now[k]):
+                region = saved[k][tuple(slice(o, o + n) for o, n in zip(off, a.shape))]
+                assert torch.equal(region, a.cpu()), f"{k} at {off}: the saved state is not step 3's"
+                changed += int(not torch.equal(a, b))
+        # the later steps did change the state, so a copy racing with them would have been seen
+        assert changed > len(ref) // 2, (changed, len(ref))
+    finally:
+        t.close()

@@ -123,6 +123,13 @@ def test_component_appdef() -> None:
     assert mounts == [("BindMount", "/mnt/criteo", "/data", True), ("VolumeMount", "dlrm-runs", "/outputs", False),
                       ("BindMount", "/ckpt", "/ckpt", False)]
 
+    assert role.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # in-place restarts rejoin (pytorch#135712)
+    assert "--max_restarts" not in cmd
+    restarting = trainer("trainer.max_steps=5", max_restarts=2).roles[0].args[1]
+    assert restarting.startswith("torchrun --max_restarts 2 --rdzv_backend "), restarting
+    with pytest.raises(ValueError, match="--max_restarts=-1 must be >= 0"):
+        trainer(max_restarts=-1)
+
     plain = trainer(nccl_debug="").roles[0]
     assert plain.mounts == [] and "NCCL_DEBUG" not in plain.env and "DLRM_OUTPUT_ROOT" not in plain.env
     assert trainer(output_root="/shared/runs").roles[0].env["DLRM_OUTPUT_ROOT"] == "/shared/runs"
