@@ -183,6 +183,58 @@ def test_bad_materialized_id_names_file(ds: Path, tmp_path: Path) -> None:
                                   feature_names=FEATURE_NAMES, multi_hot=mh, shuffle=False, seed=0)))
 
 
+def _mat_batches(d: Path, global_batch: int):
+    train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=True)
+    mh = B.make_multi_hot(str(d), B.read_meta(str(d)), "materialized", SIZES, 0)
+    return D.train_batches(train, global_batch=global_batch, rank=0, world_size=1, epochs=1, max_steps=None,
+                           feature_names=FEATURE_NAMES, multi_hot=mh, shuffle=False, seed=0)
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 18])
+def test_materialized_chunked_copy_equals_reference_bags(ds: Path, monkeypatch, chunk: int) -> None:
+    """Copy-and-check in pieces of ``chunk`` ids (pieces ending mid-bag, mid-table, and a batch crossing from day 0
+    into day 1) gives the reference procedure's bags for the batch's 1-hot ids."""
+    monkeypatch.setattr(B.BatchReader, "CHECK_CHUNK", chunk)
+    ref = reference_tables(ROWS, SIZES)
+    days = whole(ds)
+    ids = np.concatenate([days[0][1], days[1][1]])
+    batches = list(_mat_batches(ds, 96))
+    assert len(batches) == 14 and [b.labels.shape[0] for b in batches] == [96] * 13 + [7]  # 1255 rows
+    for i in (0, 7, 13):  # 7: rows 672-767, 28 of day 0 then 68 of day 1
+        rows = ids[96 * i:96 * (i + 1)]
+        want = np.concatenate([ref[t][rows[:, t]].reshape(-1) for t in range(len(ROWS))])
+        np.testing.assert_array_equal(batches[i].sparse_features.values().numpy(), want)
+
+
+
+@pytest.mark.parametrize("value", [ROWS[20], 2**31 - 1, -5])
+def test_bad_materialized_id_in_a_later_chunk_exact_message(ds: Path, tmp_path: Path, monkeypatch,
+                                                            value: int) -> None:
+    """An id past the first checked piece of a table's section (day 1 row 2, bag position 37 of table 20, batch
+    crossing days) is caught when its batch is read, not before, with the exact message."""
+    monkeypatch.setattr(B.BatchReader, "CHECK_CHUNK", 16)
+    d = _copy_ds(ds, tmp_path / "d")
+    flat = np.load(d / "day_1_sparse_multi_hot.npy")
+    flat[555 * sum(SIZES[:20]) + 2 * 100 + 37] = value
+    np.save(d / "day_1_sparse_multi_hot.npy", flat)
+    it = iter(_mat_batches(d, 64))
+    assert len([next(it) for _ in range(10)]) == 10  # rows 0-639: all of day 0's before the bad one pass
+    with pytest.raises(B.BinaryFormatError) as e:
+        next(it)  # rows 640-703: day 0 rows 640-699, day 1 rows 0-3
+    assert str(e.value) == (
+        f"{d}/day_1_sparse_multi_hot.npy: row 2 (0-based), feature C21: id {value} is outside table 20's 400 rows "
+        "(ids are never remapped); the file is corrupt or was built for other table sizes: re-run "
+        "data/preprocess_criteo.py")
+
+
+def test_materialized_without_multi_hot_files_is_an_error(ds: Path) -> None:
+    train, _, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=False)
+    mh = B.make_multi_hot(str(ds), B.read_meta(str(ds)), "materialized", SIZES, 0)
+    with pytest.raises(B.BinaryFormatError, match=r"materialized multi-hot asked for, but the train split was opened "
+                       r"without its day_\*_sparse_multi_hot.npy files"):
+        B.BatchReader(train, FEATURE_NAMES, mh)
+
+
 def test_prefetcher_forwards_errors_and_stops() -> None:
     def gen():
         yield 1

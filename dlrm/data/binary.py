@@ -15,14 +15,18 @@ day (MLPerf: day 23); train = every other day (days 0-22), validation = its firs
 rest (89,137,319 validation samples for day 23).
 
 Loader: every batch is a contiguous row range (rank ``r`` takes the ``r``-th block of global batch ``i``, as
-:mod:`dlrm.data` lays out in-memory splits), read from the memory maps with one vectorised copy per array
-(``np.copyto`` / ``np.take``, which release the GIL) into a pinned buffer (when CUDA is present), then wrapped
-into a KJT whose lengths and offsets are constants of the batch size. A background thread keeps
+:mod:`dlrm.data` lays out in-memory splits), read from the memory maps with vectorised copies (``np.copyto`` /
+``np.take``, which release the GIL) into a pinned buffer (when CUDA is present), then wrapped into a KJT whose
+lengths and offsets are constants of the batch size. Materialized multi-hot batches read dense, labels and the
+26 multi-hot sections only (each bag already holds the sample's 1-hot id, so the 1-hot file is not read), and
+range-check each 1 MB piece of ids right after copying it, while it is in cache. A background thread keeps
 ``data.prefetch`` batches ready. Why our own loader rather than torchrec's ``InMemoryBinaryCriteoIterDataPipe``:
 that one loads whole days into RAM (hundreds of GB for 1TB) and builds no multi-hot.
 
 Bad files raise :class:`BinaryFormatError` naming the file and row: truncated files, row counts that differ
-between dense, sparse and labels, ids at or above their table size (never remapped).
+between dense, sparse and labels, ids at or above their table size (never remapped). Every id a batch uses is
+checked when that batch is read (the multi-hot file's ids with materialized multi-hot, the 1-hot file's
+otherwise), so a bad id stops training at the first batch holding it.
 
 Benchmark: ``python bench/loader.py --rows 10000000``.
 """
@@ -184,6 +188,10 @@ class _Piece:
     multi_hot: Optional[np.ndarray]
     day_rows: int
 
+    def __post_init__(self) -> None:
+        # plain-ndarray uint32 view of the memory map: slicing an np.memmap runs Python code per slice
+        self.multi_hot_u32 = None if self.multi_hot is None else self.multi_hot.view(np.ndarray).view(np.uint32)
+
 
 class BinarySplit:
     """A split of a preprocessed dataset: a concatenation of row ranges of day files, memory-mapped.
@@ -313,7 +321,13 @@ class BatchReader:
 
     Batches: dense float32 ``[B, 13]``, labels float32 ``[B]``, KJT values int32 (feature-major, table ``t``'s
     ``B * m_t`` ids together), lengths int32 ``[26 * B]``.
+
+    Raises:
+        BinaryFormatError: materialized multi-hot on a split opened without its multi-hot files.
     """
+
+    # ids copied and range-checked per piece: 1 MB, well inside a core's L2 (2 MB on the development VM).
+    CHECK_CHUNK = 1 << 18
 
     def __init__(self, split: BinarySplit, feature_names: Sequence[str], multi_hot: Optional[BinaryMultiHot],
                  pin_memory: Optional[bool] = None) -> None:
@@ -324,6 +338,11 @@ class BatchReader:
         if multi_hot is not None and multi_hot.table_rows != split.table_rows.tolist():
             raise BinaryFormatError(f"{split.root}: multi-hot built for table rows {multi_hot.table_rows}, the dataset "
                                     f"has {split.table_rows.tolist()}")
+        if multi_hot is not None and multi_hot.mode == "materialized" and \
+                any(p.multi_hot is None for p in split.pieces):
+            raise BinaryFormatError(f"{split.root}: materialized multi-hot asked for, but the {split.name} split was "
+                                    "opened without its day_*_sparse_multi_hot.npy files (load_splits(..., "
+                                    "multi_hot_files=True))")
         self.pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._layouts: Dict[int, _Layout] = {}
         self._rows_u32 = split.table_rows.astype(np.uint32)
@@ -340,6 +359,10 @@ class BatchReader:
         """Rows ``[start, stop)`` of the split; with ``pad_to``, followed by copies of split row 0 up to
         ``pad_to`` rows (evaluation padding, weight 0).
 
+        Materialized multi-hot reads only the multi-hot file for the ids (the 1-hot file is not read: each bag
+        already holds its sample's ids) and checks every id it copies (:meth:`_copy_multi_hot`); 1-hot and
+        on-the-fly batches check the 1-hot ids before use.
+
         Raises:
             BinaryFormatError: an id at or above its table size (or negative), naming file, row and feature.
         """
@@ -348,10 +371,15 @@ class BatchReader:
         lay = self._layout(b)
         dense_t = self._empty((b, NUM_DENSE), torch.float32)
         labels_t = self._empty((b,), torch.float32)
-        ids_t = torch.empty((NUM_SPARSE, b), dtype=torch.int32)
-        dense, labels, ids = dense_t.numpy(), labels_t.numpy(), ids_t.numpy()
+        dense, labels = dense_t.numpy(), labels_t.numpy()
         mat = self.mh is not None and self.mh.mode == "materialized"
-        values_t = ids_t.view(-1) if self.mh is None else self._empty((lay.total,), torch.int32)
+        ids = None
+        if mat:
+            values_t = self._empty((lay.total,), torch.int32)
+        else:
+            ids_t = torch.empty((NUM_SPARSE, b), dtype=torch.int32)
+            ids = ids_t.numpy()
+            values_t = ids_t.view(-1) if self.mh is None else self._empty((lay.total,), torch.int32)
         values = values_t.numpy()
         pieces = self.split.locate(start, stop)
         if b > n:  # padding: split row 0 read once at position n, copied to the rest below
@@ -361,56 +389,73 @@ class BatchReader:
             sl = slice(off, off + cnt)
             np.copyto(dense[sl], p.dense[lo:lo + cnt])
             np.copyto(labels[sl], p.labels[lo:lo + cnt, 0], casting="unsafe")
-            np.copyto(ids[:, sl], p.sparse[lo:lo + cnt].T)
             if mat:
-                base = 0
-                for t, m in enumerate(self.sizes):
-                    src = p.multi_hot[p.day_rows * base + lo * m:p.day_rows * base + (lo + cnt) * m]
-                    o = lay.offset_per_key[t]
-                    np.copyto(values[o + off * m:o + (off + cnt) * m], src)
-                    base += m
+                self._copy_multi_hot(p, lo, cnt, off, values, lay)
+            else:
+                np.copyto(ids[:, sl], p.sparse[lo:lo + cnt].T)
         if b > n:
             pad = slice(n + 1, b)
             dense[pad] = dense[n]
             labels[pad] = labels[n]
-            ids[:, pad] = ids[:, n:n + 1]
             if mat:
                 for t, m in enumerate(self.sizes):
                     o = lay.offset_per_key[t]
                     sec = values[o:o + b * m].reshape(b, m)
                     sec[n + 1:] = sec[n]
-        self._check(ids, pieces, "sparse")
-        if mat:
-            for t, m in enumerate(self.sizes):
-                o = lay.offset_per_key[t]
-                sec = values[o:o + b * m].view(np.uint32)
-                if sec.max(initial=0) >= self._rows_u32[t]:
-                    self._bad(sec.reshape(b, m).max(axis=1), t, pieces, "sparse_multi_hot")
-        elif self.mh is not None:
-            mh_mod.expand_into(self.mh.tables, self.sizes, ids, values, lay.offset_per_key)
+            else:
+                ids[:, pad] = ids[:, n:n + 1]
+        if not mat:
+            self._check(ids, pieces, "sparse")
+            if self.mh is not None:
+                mh_mod.expand_into(self.mh.tables, self.sizes, ids, values, lay.offset_per_key)
         kjt = KeyedJaggedTensor(
             keys=self.keys, values=values_t, lengths=lay.lengths, offsets=lay.offsets, stride=b,
             length_per_key=lay.length_per_key, offset_per_key=lay.offset_per_key)
         return Batch(dense_features=dense_t, sparse_features=kjt, labels=labels_t)
+
+    def _copy_multi_hot(self, p: _Piece, lo: int, cnt: int, off: int, values: np.ndarray, lay: _Layout) -> None:
+        """Copy day rows ``[lo, lo + cnt)`` of ``p``'s materialized multi-hot into batch rows ``[off, off + cnt)``
+        of ``values`` and check each id against its table size.
+
+        The check runs on each ``CHECK_CHUNK``-id piece right after copying it, while it is still in the core's
+        L2 cache: a separate pass over the batch's 14 MB (MLPerf sizes, batch 16384) re-reads it from memory
+        and cost 0.4-0.7 ms a batch on the 2-core development machine (docs/benchmarks.md). Viewed as uint32, a
+        negative id is above every table size, so one ``max`` per piece catches both.
+
+        Raises:
+            BinaryFormatError: an id outside its table, naming the multi-hot file, 0-based day row and feature.
+        """
+        src, dst, chunk = p.multi_hot_u32, values.view(np.uint32), self.CHECK_CHUNK
+        top = np.maximum.reduce
+        base = 0
+        for t, m in enumerate(self.sizes):
+            s = p.day_rows * base + lo * m
+            d = lay.offset_per_key[t] + off * m
+            n, lim = cnt * m, self._rows_u32[t]
+            for a in range(0, n, chunk):
+                part = dst[d + a:d + min(n, a + chunk)]
+                np.copyto(part, src[s + a:s + a + part.shape[0]])
+                if top(part) >= lim:
+                    k = a + int(np.flatnonzero(part >= lim)[0])
+                    self._raise_bad(p.day, lo + k // m, t, int(values[d + k]), "sparse_multi_hot")
+            base += m
 
     def _check(self, ids: np.ndarray, pieces: list, kind: str) -> None:
         top = ids.view(np.uint32).max(axis=1, initial=0)  # negative ids become huge: one pass catches both
         bad = np.flatnonzero(top >= self._rows_u32)
         if bad.size:
             t = int(bad[0])
-            self._bad(ids[t].view(np.uint32), t, pieces, kind)
+            k = int(np.flatnonzero(ids[t].view(np.uint32) >= self._rows_u32[t])[0])
+            for p, lo, cnt, off in pieces:
+                if off <= k < off + cnt:
+                    self._raise_bad(p.day, lo + k - off, t, int(ids[t, k]), kind)
+            raise AssertionError("bad id outside the batch")
 
-    def _bad(self, col_u32: np.ndarray, t: int, pieces: list, kind: str) -> None:
-        k = int(np.flatnonzero(col_u32 >= self._rows_u32[t])[0])
-        for p, lo, cnt, off in pieces:
-            if off <= k < off + cnt:
-                row = lo + k - off
-                val = int(p.sparse[row, t]) if kind == "sparse" else int(col_u32[k].astype(np.int32))
-                raise BinaryFormatError(
-                    f"{day_file(self.split.root, p.day, kind)}: row {row} (0-based), feature C{t + 1}: id {val} is "
-                    f"outside table {t}'s {int(self.split.table_rows[t])} rows (ids are never remapped); the file "
-                    "is corrupt or was built for other table sizes: re-run data/preprocess_criteo.py")
-        raise AssertionError("bad id outside the batch")
+    def _raise_bad(self, day: int, row: int, t: int, val: int, kind: str) -> None:
+        raise BinaryFormatError(
+            f"{day_file(self.split.root, day, kind)}: row {row} (0-based), feature C{t + 1}: id {val} is "
+            f"outside table {t}'s {int(self.split.table_rows[t])} rows (ids are never remapped); the file "
+            "is corrupt or was built for other table sizes: re-run data/preprocess_criteo.py")
 
 
 class Prefetcher:
