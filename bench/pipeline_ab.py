@@ -231,6 +231,16 @@ CATEGORIES = [  # (label, substrings of CUDA kernel names); the first match wins
 ]
 
 
+def _is_annotation(ev: Any) -> bool:
+    """A GPU-side record_function range (e.g. ``DistributedDataParallel.forward``, TorchRec's
+    ``[lookup]_[...]``, ``Optimizer.step#Adagrad.step``): it spans kernels already counted, so it is skipped."""
+    if getattr(ev, "is_user_annotation", False):
+        return True
+    k = ev.key
+    return k.startswith(("[", "##")) or "#" in k or k.endswith((".forward", ".backward")) or k.startswith(
+        ("DistributedDataParallel", "Optimizer.", "ProfilerStep"))
+
+
 def gpu_time_by_category(run: "Runner", steps: int = 10) -> Dict[str, float]:
     """CUDA kernel time per step (ms) by :data:`CATEGORIES` over ``steps`` profiled steps of ``run``.
 
@@ -258,7 +268,7 @@ def gpu_time_by_category(run: "Runner", steps: int = 10) -> Dict[str, float]:
     cats["other elementwise / reductions"] = 0.0
     total = 0.0
     for ev in prof.key_averages():
-        if ev.device_type.name != "CUDA":
+        if ev.device_type.name != "CUDA" or _is_annotation(ev):
             continue
         t = getattr(ev, "device_time_total", None)
         t = getattr(ev, "cuda_time_total", 0.0) if t is None else t
