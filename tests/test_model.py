@@ -63,3 +63,60 @@ def test_skip_nonfinite_zeroes_the_update_of_a_bad_batch_and_keeps_good_ones() -
     assert not bool(ok) and float(loss.detach()) == 0.0 and torch.isfinite(logits).all()
     loss.backward()
     assert all(torch.count_nonzero(p.grad) == 0 for p in skip.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("permute", [False, True])
+def test_zero_copy_sparse_arch_equals_torchrec_sparse_arch(permute: bool) -> None:
+    """The pooled embeddings (and the table gradients) equal TorchRec's SparseArch bit for bit, whether the
+    KeyedTensor comes in feature order (returned as a view, no copy) or in another order (a sharded EBC's
+    column_wise output: copied into feature order)."""
+    from torchrec import KeyedJaggedTensor, KeyedTensor
+    from torchrec.models.dlrm import SparseArch
+
+    from dlrm.model import ZeroCopySparseArch
+
+    cfg = to_config(compose(["model.row_cap=50"])).model
+    torch.manual_seed(0)
+    ebc = build_model(cfg, torch.device("cpu"), torch.device("cpu")).model.sparse_arch.embedding_bag_collection
+
+    class Permuted(torch.nn.Module):
+        """The EBC, with its output KeyedTensor's keys in reversed order."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ebc = ebc
+
+        def embedding_bag_configs(self):  # noqa: ANN201 - what SparseArch reads at construction
+            return ebc.embedding_bag_configs()
+
+        def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
+            d = self.ebc(kjt).to_dict()
+            keys = list(reversed(list(d)))
+            return KeyedTensor.from_tensor_list(keys, [d[k] for k in keys])
+
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(0, 4, (26 * 5,), generator=g)
+    kjt = KeyedJaggedTensor(keys=FEATURE_NAMES, values=torch.randint(0, 3, (int(lengths.sum()),), generator=g),
+                            lengths=lengths)
+    module = Permuted() if permute else ebc
+    ours, ref = ZeroCopySparseArch(module), SparseArch(module)
+    from unittest import mock
+
+    ref(kjt)  # the KJT caches its per-key splits on first use (one torch.cat): not part of the count
+    cats = []
+    real_cat = torch.cat
+    with mock.patch("torch.cat", side_effect=lambda *x, **k: cats.append(1) or real_cat(*x, **k)):
+        a = ours(kjt)
+        n_ours = len(cats)
+        b = ref(kjt)
+        n_ref = len(cats) - n_ours
+    assert a.shape == (5, 26, cfg.embedding_dim) and torch.equal(a, b)
+    # in feature order, SparseArch's own concatenation is skipped; otherwise it is made as in TorchRec
+    assert n_ours == (n_ref if permute else n_ref - 1), (n_ours, n_ref)
+    w = torch.randn(a.shape, generator=g)
+    (a * w).sum().backward()
+    grads = {n: p.grad.clone() for n, p in ebc.named_parameters()}
+    ebc.zero_grad()
+    (b * w).sum().backward()
+    for n, p in ebc.named_parameters():
+        assert torch.equal(grads[n], p.grad), n
