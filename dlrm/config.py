@@ -384,8 +384,9 @@ class PerfConfig:
         name: label of the preset (logged; ``fp32``, ``fast`` or your own).
         embedding_dtype: TBE weight precision of the tables: ``fp32``, ``fp16`` or ``bf16`` (the tables'
             ``EmbeddingBagConfig.data_type``; the planner counts 2 bytes per element). FBGEMM keeps the Adagrad
-            state in fp32 and rounds fp16/bf16 updates stochastically. Fused kernels only: a data_parallel table
-            is refused at plan time when this is not fp32 (a dense optimizer would step fp16 weights).
+            state in fp32 and rounds fp16/bf16 updates stochastically. Fused kernels only: ``sharding=auto`` keeps
+            such tables off data_parallel, and a table forced data_parallel is refused at plan time when this is
+            not fp32 (a dense optimizer would step fp16 weights).
         embedding_output_dtype: dtype of the pooled embeddings (TBE ``output_dtype`` fused param), and so of the
             output dist's all-to-all and the gradients sent back: ``fp32``, ``fp16`` or ``bf16``.
         autocast: ``none``, ``bf16`` or ``fp16``: run the dense arch, the interaction (DCN) and the over arch

@@ -215,7 +215,9 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
 
     Per table, ``sharding.constraints.<table>`` fields win over the preset (``sharding.sharding_types``,
     ``sharding.compute_kernel``, ``sharding.min_partition``). ``pooling_factors`` (table -> mean ids per
-    sample) feeds the planner's cost model when the table has no ``pooling_factors`` of its own.
+    sample) feeds the planner's cost model when the table has no ``pooling_factors`` of its own. A table with
+    fp16/bf16 weights (``perf.embedding_dtype``) and no explicit sharding types (``sharding=auto``) is not offered
+    data_parallel (see :func:`_check_dtypes`).
 
     Raises:
         PlanError: a constraint names an unknown table; the dim is not a multiple of 4 for a fused kernel; a
@@ -239,6 +241,10 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
         kernel_key = f"{ckey}.compute_kernels" if c and c.compute_kernels else "sharding.compute_kernel"
         min_part = c.min_partition if c and c.min_partition else cfg.min_partition
         part_key = f"{ckey}.min_partition" if c and c.min_partition else "sharding.min_partition"
+        if t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types:
+            # sharding=auto with fp16/bf16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
+            # must not pick it (it does for tiny tables on CPU, which made the plan fail after planning)
+            types = [s for s in types if s != ShardingType.DATA_PARALLEL.value]
 
         bad = [s for s in types if s not in runnable]
         if bad:
@@ -299,7 +305,8 @@ def _check_fits(tables: Sequence[TableInfo], constraints: Dict[str, ParameterCon
 
 def _too_big(t: TableInfo, need: int, cap: int, cuda: bool) -> str:
     mem = "HBM" if cuda else "host memory"
-    return (f"table {t.name} ({t.rows:,} x {t.dim} fp32 with its optimizer state, {need / GiB:.2f} GiB) does not fit "
+    dtype = "fp32" if t.weight_bytes == 4 else "fp16/bf16"
+    return (f"table {t.name} ({t.rows:,} x {t.dim} {dtype} with its optimizer state, {need / GiB:.2f} GiB) does not fit "
             f"the {cap / GiB:.2f} GiB of {mem} per rank the planner may use (after sharding.storage_reservation). "
             f"Options: split it by rows (+sharding.constraints.{t.name}.sharding_types=[row_wise], or sharding="
             f"row_wise), use more GPUs, or keep it in host memory with an HBM cache "
