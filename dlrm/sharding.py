@@ -372,6 +372,15 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
             load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap), tables)
     sharder = EmbeddingBagSharder()
     constraints = build_constraints(cfg, tables, device.type, pooling_factors, sharder)
+    if world_size == 1 and not cfg.sharding_types:
+        # One rank holds every table whatever the type; TorchRec's planner then picks among equal-memory layouts by
+        # small cost-model differences (table_wise, table_column_wise or column_wise, depending on the HBM cap),
+        # and the column-split ones keep more TBE groups and launch more kernels per step (docs/benchmarks.md).
+        # table_wise is the layout stock TorchRec gets on one GPU.
+        for name, c in constraints.items():
+            explicit = cfg.constraints.get(name)
+            if not (explicit and explicit.sharding_types):
+                c.sharding_types = [ShardingType.TABLE_WISE.value]
     if constraint_hook is not None:
         constraints = constraint_hook(constraints)
     _check_fits(tables, constraints, topo, cfg, sparse_type)
