@@ -411,7 +411,46 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
                            "compute_kernel": so.compute_kernel, "rank": int(sh.rank),
                            "offsets": list(sh.offset), "sizes": list(sh.size),
                            "hbm_bytes": int(st.hbm) if st else None, "ddr_bytes": int(st.ddr) if st else None})
-    return _check_dtypes(PlanInfo(plan, world_size, local_world_size, device.type, hbm_cap, ddr_cap, shards), tables)
+    pi = _check_dtypes(PlanInfo(plan, world_size, local_world_size, device.type, hbm_cap, ddr_cap, shards), tables)
+    return _check_half_precision_state(pi, tables, sparse_type, cfg)
+
+
+def _check_half_precision_state(pi: PlanInfo, tables: Sequence[TableInfo], sparse_type: str,
+                                cfg: ShardingConfig) -> PlanInfo:
+    """Add what TorchRec's planner leaves out for fp16/bf16 tables with element-wise Adagrad, and refuse a plan
+    that then overflows HBM.
+
+    TorchRec (1.6-1.8) sizes the optimizer state of a table in the weights' dtype, while FBGEMM keeps the Adagrad
+    state in fp32 (tests/test_perf.py checks both), so each such weight needs 2 bytes more than planned. Row-wise
+    Adagrad (one float per row) and fp32 tables are counted right.
+
+    Raises:
+        PlanError: naming the rank, its planned and real HBM need, and the storage reservation that leaves room.
+    """
+    half = {t.name: t for t in tables if t.weight_bytes != 4}
+    if pi.compute_device != "cuda" or sparse_type != "adagrad" or not half:
+        return pi
+    planned: Dict[int, int] = {}
+    missing: Dict[int, int] = {}
+    for s in pi.shards:
+        r = s["rank"]
+        planned[r] = planned.get(r, 0) + (s["hbm_bytes"] or 0)
+        t = half.get(s["table"])
+        if t is not None and s["compute_kernel"] == "fused":  # weights and state in HBM
+            rows, cols = s["sizes"]
+            missing[r] = missing.get(r, 0) + rows * cols * (4 - t.weight_bytes)
+    usable = pi.hbm_cap_bytes * (1 - cfg.storage_reservation)
+    over = {r: planned[r] + missing.get(r, 0) for r in planned if planned[r] + missing.get(r, 0) > usable}
+    if over:
+        r, need = max(over.items(), key=lambda kv: kv[1])
+        reserve = min(0.95, cfg.storage_reservation + (need - usable) / pi.hbm_cap_bytes + 0.01)
+        raise PlanError(
+            f"rank {r} would need {need / GiB:.2f} GiB of HBM, above the {usable / GiB:.2f} GiB usable: the plan "
+            f"counted {planned[r] / GiB:.2f} GiB, but FBGEMM keeps the Adagrad state of fp16/bf16 tables in fp32 "
+            f"({missing.get(r, 0) / GiB:.2f} GiB more than TorchRec's planner counts). Re-plan with "
+            f"sharding.storage_reservation={reserve:.2f}, or use optimizer.sparse_type=rowwise_adagrad or "
+            f"perf.embedding_dtype=fp32")
+    return pi
 
 
 def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch_size: int,

@@ -369,3 +369,31 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
     assert all(t != "data_parallel" for t, _ in by["emb_fp16"]["plan"])
     md = (tmp_path / "throughput.md").read_text()
     assert "| emb_fp16 | perf.embedding_dtype=fp16 | 32 |" in md
+
+
+def test_plan_that_forgets_fp32_adagrad_state_of_fp16_tables_is_refused() -> None:
+    """TorchRec's planner sizes the element-wise Adagrad state of fp16 tables in fp16 (2 bytes per weight) while
+    FBGEMM keeps it in fp32: the plan below fits by TorchRec's count and would not fit on the GPU."""
+    base = ["model=dlrm_v2", "device=cuda", "sharding=table_wise", "data.global_batch_size=65536",
+            "perf.embedding_dtype=fp16", "sharding.hbm_cap_gb=25"]
+
+    def plan(extra: List[str]):
+        cfg, model = _meta_model(base + extra)
+        return plan_model(model, cfg.sharding, world_size=8, local_world_size=8, device=torch.device("cuda"),
+                          batch_size=8192, sparse_type=cfg.optimizer.sparse_type)
+
+    with pytest.raises(PlanError) as e:
+        plan([])
+    msg = str(e.value)
+    # the rank holds a 40 M x 128 table (40e6 x 128 x 2 B = 9.54 GiB of state missing) plus small ones
+    import re
+
+    m = re.search(r"^rank \d+ would need ([\d.]+) GiB of HBM, above the 23.75 GiB usable: the plan counted "
+                  r"([\d.]+) GiB, .*\(([\d.]+) GiB more than TorchRec's planner counts\)\. Re-plan with "
+                  r"sharding.storage_reservation=0\.(\d\d)", msg)
+    assert m, msg
+    need, counted, extra = (float(m.group(i)) for i in (1, 2, 3))
+    assert 9.54 <= extra < 9.6 and abs(need - counted - extra) <= 0.011 and need > 23.75
+    # row-wise Adagrad keeps one float per row and is counted right: the same placement plans
+    pi = plan(["optimizer.sparse_type=rowwise_adagrad"])
+    assert {s["sharding_type"] for s in pi.shards} == {"table_wise"}
