@@ -28,7 +28,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
 from dlrm.checkpoint import Checkpointer
-from dlrm.config import Config, ConfigError, to_config
+from dlrm.config import Config, ConfigError, PerfConfig, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
@@ -41,6 +41,23 @@ from dlrm.pipeline import build_pipeline
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, shard
 
 log = logging.getLogger(__name__)
+
+
+def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
+    """Refuse ``perf.*`` settings this device cannot run, before any data is loaded.
+
+    Raises:
+        ConfigError: bf16 table weights or pooled embeddings on CPU (FBGEMM's CPU TBE kernels have no bf16).
+    """
+    if device.type != "cpu":
+        return
+    for key in ("embedding_dtype", "embedding_output_dtype"):
+        if getattr(perf, key) == "bf16":
+            # fp16 pooled embeddings cannot meet bf16 autocast (PerfConfig), so name the one value that works then
+            fix = ("fp32 on CPU (fp16 too, without bf16 autocast)" if key == "embedding_output_dtype"
+                   and perf.autocast == "bf16" else "fp16 or fp32 on CPU")
+            raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use {fix} "
+                              f"(perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)")
 
 
 @dataclass
@@ -72,10 +89,7 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
         PlanError: see :func:`dlrm.sharding.plan_model`.
     """
     perf = cfg.perf
-    for key in ("embedding_dtype", "embedding_output_dtype"):
-        if info.device.type == "cpu" and getattr(perf, key) == "bf16":
-            raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use fp16 or fp32 "
-                              "on CPU (bf16 is for CUDA)")
+    check_perf_device(perf, info.device)
     if info.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = perf.tf32
         torch.backends.cudnn.allow_tf32 = perf.tf32
@@ -118,6 +132,7 @@ class Trainer:
         cfg = self.cfg
         self.info = info = init_distributed(cfg.device)
         check_can_train(cfg.offload, info.device)  # before loading data: offload needs CUDA
+        check_perf_device(cfg.perf, info.device)  # and bf16 TBE kernels too
         self.run_dir = self._agree_run_dir(self.run_dir)
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
@@ -171,7 +186,8 @@ class Trainer:
         p = cfg.perf
         log.info("perf %s: tables %s, pooled embeddings %s, autocast %s, tf32 %s, compile %s", p.name,
                  p.embedding_dtype, p.embedding_output_dtype, p.autocast,
-                 p.tf32 if info.device.type == "cuda" else "n/a (cpu)", p.compile_mode if p.compile else "off")
+                 p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
+                 f"on (mode {p.compile_mode})" if p.compile else "off")
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))

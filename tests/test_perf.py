@@ -79,12 +79,31 @@ def test_bf16_is_refused_on_cpu_before_building() -> None:
     from dlrm.trainer import build_training
 
     info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")  # refused before any process group is needed
+    tail = "(perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
     for key in ("embedding_dtype", "embedding_output_dtype"):
         cfg = to_config(compose(TINY + [f"perf.{key}=bf16"]))
         with pytest.raises(ConfigError) as e:
             build_training(cfg, info, BATCH)
         assert str(e.value) == (f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use fp16 or fp32 "
-                                "on CPU (bf16 is for CUDA)")
+                                f"on CPU {tail}")
+    # perf=fast on CPU: fp16 pooled embeddings would meet bf16 autocast, so the message names fp32 only
+    with pytest.raises(ConfigError) as e:
+        build_training(to_config(compose(TINY + ["perf=fast"])), info, BATCH)
+    assert str(e.value) == ("config key `perf.embedding_output_dtype`: FBGEMM's CPU TBE kernels have no bf16; use "
+                            f"fp32 on CPU (fp16 too, without bf16 autocast) {tail}")
+    cfg = to_config(compose(TINY + ["perf=fast", "perf.embedding_output_dtype=fp32"]))  # the documented CPU form
+    assert (cfg.perf.autocast, cfg.perf.compile, cfg.perf.embedding_output_dtype) == ("bf16", True, "fp32")
+
+
+def test_perf_is_checked_before_data_is_loaded(tmp_path: Path) -> None:
+    """`python train.py perf=fast` on CPU fails at once with the key named (exit 2), not after loading data."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "train.py", "perf=fast", "device=cpu", f"hydra.run.dir={tmp_path}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: config key `perf.embedding_output_dtype`" in r.stderr + r.stdout
+    assert "data synthetic" not in r.stderr + r.stdout  # the data-loading log line never came
 
 
 # ------------------------------------------------------------------------------------------------------ planner
