@@ -104,6 +104,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def drain(pipe: Any, it: Any) -> None:
+    """Run the pipeline until ``it`` and the batches still in flight are used up (untimed)."""
+    while True:
+        try:
+            pipe.progress(it)
+        except StopIteration:
+            break
+
+
 def model_config(args: argparse.Namespace, row_cap: Optional[int]) -> ModelConfig:
     if args.smoke:
         return ModelConfig(name="smoke", embedding_dim=16, row_cap=row_cap or 1000, multi_hot_sizes=[2] * 26,
@@ -187,26 +196,27 @@ class Runner:
         elif "dedicated" in self.spec.variants:
             use_group_for_input_dist(self.model, dist.group.WORLD, replace=True)
 
+    def after_step(self, out: Any) -> None:
+        """Per-step work timed with each pipeline step: none here (``bench/throughput.py``'s trainer runner adds
+        the trainer's LR schedule and metric window)."""
+
     def repeat(self, steps: int, warmup: int) -> float:
         """ms/step of ``steps`` steady-state steps, the slowest rank's; the pipeline is drained afterwards."""
         # 3 extra batches keep the pipeline's look-ahead full through the last timed step
         it = itertools.islice(itertools.cycle(self.pool), warmup + steps + 3)
         for _ in range(warmup):
-            self.pipe.progress(it)
+            self.after_step(self.pipe.progress(it))
         sync(self.device)
         dist.barrier()  # a rank still copying must not look like a slow collective
         sync(self.device)
         t0 = time.perf_counter()
         for _ in range(steps):
             out = self.pipe.progress(it)
+            self.after_step(out)
         sync(self.device)
         ms = torch.tensor([(time.perf_counter() - t0) * 1000.0 / steps], dtype=torch.float64)
         self.last_loss = float(out[0].detach().float().mean())
-        while True:  # drain, untimed
-            try:
-                self.pipe.progress(it)
-            except StopIteration:
-                break
+        drain(self.pipe, it)
         ms = ms.to(self.device) if self.device.type == "cuda" else ms
         dist.all_reduce(ms, op=dist.ReduceOp.MAX)
         return float(ms.item())
@@ -248,22 +258,15 @@ def gpu_time_by_category(run: "Runner", steps: int = 10) -> Dict[str, float]:
     time includes waiting for the slower rank."""
     from torch.profiler import ProfilerActivity, profile
 
-    hook = getattr(run, "after_step", None)
     it = itertools.islice(itertools.cycle(run.pool), steps + 8)
     for _ in range(3):
         run.pipe.progress(it)
     sync(run.device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            out = run.pipe.progress(it)
-            if hook:
-                hook(out)
+            run.after_step(run.pipe.progress(it))
         sync(run.device)
-    while True:
-        try:
-            run.pipe.progress(it)
-        except StopIteration:
-            break
+    drain(run.pipe, it)
     cats: Dict[str, float] = {c: 0.0 for c, _ in CATEGORIES}
     cats["other elementwise / reductions"] = 0.0
     total = 0.0

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import itertools
 import json
 import os
 import statistics
@@ -113,36 +112,6 @@ class TrainerRunner(ab.Runner):
             self.win.reduce(True)  # the trainer's per-window sync: loss, train AUC, non-finite check
 
 
-def time_runner(run: ab.Runner, steps: int, warmup: int) -> float:
-    """ms/step of ``steps`` steady-state steps (slowest rank), as ``pipeline_ab.Runner.repeat`` but calling
-    ``run.after_step`` (the trainer's per-step bookkeeping) where the runner has one."""
-    hook = getattr(run, "after_step", None)
-    it = itertools.islice(itertools.cycle(run.pool), warmup + steps + 3)
-    for _ in range(warmup):
-        out = run.pipe.progress(it)
-        if hook:
-            hook(out)
-    ab.sync(run.device)
-    dist.barrier()
-    ab.sync(run.device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        out = run.pipe.progress(it)
-        if hook:
-            hook(out)
-    ab.sync(run.device)
-    ms = torch.tensor([(time.perf_counter() - t0) * 1000.0 / steps], dtype=torch.float64)
-    run.last_loss = float(out[0].detach().float().mean())
-    while True:  # drain the batches still in the pipeline, untimed
-        try:
-            run.pipe.progress(it)
-        except StopIteration:
-            break
-    ms = ms.to(run.device) if run.device.type == "cuda" else ms
-    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
-    return float(ms.item())
-
-
 def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
     try:
         return _run_variant(name, batch, args, info, world)
@@ -166,8 +135,7 @@ def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo
         overrides = LEVERS[name]
         run = TrainerRunner(name, overrides, batch, args, info, world)
     built_s = time.perf_counter() - t0
-    ms = [time_runner(run, args.steps, args.warmup if r else args.warmup + args.first_warmup)
-          for r in range(args.repeats)]
+    ms = [run.repeat(args.steps, args.warmup if r else args.warmup + args.first_warmup) for r in range(args.repeats)]
     extra: Dict[str, Any] = {"overrides": overrides, "plan": run.plan_kernels, "last_loss": run.last_loss,
                              "build_s": round(built_s, 1)}
     if info.device.type == "cuda":
