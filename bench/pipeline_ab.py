@@ -49,7 +49,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -210,11 +210,17 @@ class Runner:
         dist.barrier()  # a rank still copying must not look like a slow collective
         sync(self.device)
         t0 = time.perf_counter()
+        host = []
         for _ in range(steps):
+            t = time.perf_counter()
             out = self.pipe.progress(it)
             self.after_step(out)
+            host.append(time.perf_counter() - t)
         sync(self.device)
         ms = torch.tensor([(time.perf_counter() - t0) * 1000.0 / steps], dtype=torch.float64)
+        # median host time to issue one step: while the GPU is behind, progress() returns as soon as the step is
+        # queued, so this is the host's cost per step; near ms/step it means the loop is host-bound
+        self.host_ms = 1000.0 * statistics.median(host)
         self.last_loss = float(out[0].detach().float().mean())
         drain(self.pipe, it)
         ms = ms.to(self.device) if self.device.type == "cuda" else ms
@@ -251,30 +257,52 @@ def _is_annotation(ev: Any) -> bool:
         ("DistributedDataParallel", "Optimizer.", "ProfilerStep"))
 
 
-def gpu_time_by_category(run: "Runner", steps: int = 10) -> Dict[str, float]:
-    """CUDA kernel time per step (ms) by :data:`CATEGORIES` over ``steps`` profiled steps of ``run``.
+def _device_time(ev: Any) -> float:
+    """Total device time (us) of a profiler event (``device_time_total``; ``cuda_time_total`` before torch 2.4)."""
+    t = getattr(ev, "device_time_total", None)
+    return getattr(ev, "cuda_time_total", 0.0) if t is None else t
+
+
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
+               "aten::item")
+
+
+def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tuple[str, float]]] = None,
+                         trace: Optional[str] = None, syncs: Optional[List[Tuple[str, float, float]]] = None
+                         ) -> Dict[str, float]:
+    """CUDA kernel time per step (ms) by :data:`CATEGORIES` over ``steps`` profiled steps of ``run``; with
+    ``top`` (a list), also appends the 25 largest kernels as ``(name, ms per step)``.
 
     Kernels on different streams overlap, so the categories can add up to more than the step time; NCCL kernel
-    time includes waiting for the slower rank."""
+    time includes waiting for the slower rank. ``trace``: also write a Chrome trace (with Python stacks) there.
+    ``syncs``: appends ``(host call and the Python frames above it, calls per step, host ms per step)`` for every
+    host-blocking call (:data:`SYNC_EVENTS`) seen, the longest first."""
     from torch.profiler import ProfilerActivity, profile
 
     it = itertools.islice(itertools.cycle(run.pool), steps + 8)
     for _ in range(3):
         run.pipe.progress(it)
     sync(run.device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=trace is not None
+                 or syncs is not None) as prof:
         for _ in range(steps):
             run.after_step(run.pipe.progress(it))
         sync(run.device)
     drain(run.pipe, it)
+    if trace is not None:
+        prof.export_chrome_trace(trace)
+    if syncs is not None:
+        found = [(f"{ev.key} <- {' <- '.join(fr for fr in ev.stack if 'nn/modules/module.py' not in fr)[:600]}",
+                  ev.count / steps, ev.cpu_time_total / 1000.0 / steps)
+                 for ev in prof.key_averages(group_by_stack_n=15) if ev.key in SYNC_EVENTS]
+        syncs += sorted(found, key=lambda x: -x[2])[:20]
     cats: Dict[str, float] = {c: 0.0 for c, _ in CATEGORIES}
     cats["other elementwise / reductions"] = 0.0
     total = 0.0
     for ev in prof.key_averages():
         if ev.device_type.name != "CUDA" or _is_annotation(ev):
             continue
-        t = getattr(ev, "device_time_total", None)
-        t = getattr(ev, "cuda_time_total", 0.0) if t is None else t
+        t = _device_time(ev)
         total += t
         for label, keys in CATEGORIES:
             if any(k in ev.key for k in keys):
@@ -282,6 +310,10 @@ def gpu_time_by_category(run: "Runner", steps: int = 10) -> Dict[str, float]:
                 break
         else:
             cats["other elementwise / reductions"] += t
+    if top is not None:
+        kernels = [(ev.key, _device_time(ev)) for ev in prof.key_averages()
+                   if ev.device_type.name == "CUDA" and not _is_annotation(ev)]
+        top += [(k[:120], t / 1000.0 / steps) for k, t in sorted(kernels, key=lambda kv: -kv[1])[:25]]
     out = {k: v / 1000.0 / steps for k, v in cats.items()}
     out["total GPU kernel time"] = total / 1000.0 / steps
     return out

@@ -24,10 +24,23 @@ Variants (``--variants``):
 Variants are built one after another and freed (two capped models plus compiled graphs would not all fit at
 32768); ``stock`` runs first and again last, so drift over the run shows.
 
-``--profile VARIANT`` additionally profiles 10 steps of that variant with torch.profiler and prints where the
-GPU time goes (``pipeline_ab.gpu_time_by_category``: kernel time per step for TBE forward, TBE backward with the
-fused optimizer, NCCL all-to-all and all-reduce, matrix products, fused (triton) elementwise, other elementwise,
-copies). A variant that fails (say, a compile mode) is reported as failed and the others still run.
+Each row also has ``host_ms_per_step``: the median host time to issue one step (``pipeline_ab.Runner.repeat``);
+while the GPU is behind, ``progress()`` returns once the step is queued, so a value near ms/step means the loop
+is host-bound.
+
+``--profile VARIANT [VARIANT ...]`` additionally profiles 10 steps of those variants with torch.profiler and
+prints where the GPU time goes (``pipeline_ab.gpu_time_by_category``: kernel time per step for TBE forward, TBE
+backward with the fused optimizer, NCCL all-to-all and all-reduce, matrix products, fused (triton) elementwise,
+other elementwise, copies) and the 25 largest kernels. A variant that fails (say, a compile mode) is reported as
+failed and the others still run.
+
+Variants in ``PATCHES`` are A/B checks of a code change: their overrides, built with one piece of the trainer
+swapped (TorchRec's copying ``SparseArch``; TBE bounds checks off; torch.compile with CUDA graphs, which the
+config refuses for training runs).
+
+``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Measured on H200:
+two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``: dynamo
+guards both), so compare compiled variants in the default blocked mode, one built at a time.
 
 Output: ``throughput.json`` and ``throughput.md`` under ``--out`` (default ``bench/results/<timestamp>``).
 """
@@ -37,12 +50,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import importlib
 import json
 import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional
+import types
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -55,6 +70,8 @@ import pipeline_ab as ab  # noqa: E402  (the stock runner, batch pool and timing
 
 from dlrm.config import compose, to_config  # noqa: E402
 from dlrm.dist import DistInfo, init_distributed  # noqa: E402
+from dlrm.model import ZeroCopySparseArch, compile_dense  # noqa: E402
+from dlrm.sharding import fused_params_of  # noqa: E402
 from dlrm.trainer import _Window, build_training  # noqa: E402
 
 # The MLPerf DLRM-v2 model at the stock baseline's size (../shared/perf/baseline.md: tables capped at 4 M rows,
@@ -75,7 +92,50 @@ LEVERS: Dict[str, List[str]] = {
     "fast": ["perf=fast"],
     "fast_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_adagrad": ["perf=fast", "optimizer.sparse_type=adagrad"],
-    "emb_half_fast": ["perf=fast", "perf.embedding_dtype=fp16"],  # element-wise Adagrad (the MLPerf rule)
+    "emb_half_fast": ["perf=fast", "perf.embedding_dtype=fp16"],
+    "fast_fused_pipe": ["perf=fast", "pipeline=fused_sparse_dist"],
+    "fast_cudagraphs": ["perf=fast"],  # patched: compile mode reduce-overhead (refused by the config)
+    "fast_dedicated": ["perf=fast", "pipeline.input_dist_group=dedicated"],
+    "fp32_dedicated": ["perf=fp32", "pipeline.input_dist_group=dedicated"],
+    "fast_cudagraphs_dedicated": ["perf=fast", "pipeline.input_dist_group=dedicated"],  # patched, as above
+    # A/B of code changes: built with a patch (PATCHES below)
+    "fast_sparsearch_copy": ["perf=fast"],
+    "fast_no_bounds_check": ["perf=fast"],
+    "fast_dedicated_no_bounds_check": ["perf=fast", "pipeline.input_dist_group=dedicated"],
+}
+
+
+def _torchrec_sparse_arch(built: Any) -> None:
+    """TorchRec's ``SparseArch.forward`` (a copy of the pooled embeddings into feature order) in place of
+    ``ZeroCopySparseArch``'s view."""
+    from torchrec.models.dlrm import SparseArch
+
+    arch = built.model.module.model.sparse_arch
+    assert isinstance(arch, ZeroCopySparseArch), type(arch)
+    arch.forward = types.MethodType(SparseArch.forward, arch)
+
+
+def _fused_params_without_bounds_check(embedding_output_dtype: str) -> Dict[str, Any]:
+    """TBE fused params with ``bounds_check_mode=NONE``: no per-batch index bounds check kernel (FBGEMM's default,
+    WARNING, checks every id of every batch; the loaders range-check ids already)."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+
+    return {**(fused_params_of(embedding_output_dtype) or {}), "bounds_check_mode": BoundsCheckMode.NONE}
+
+
+def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default") -> List[str]:
+    """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it, because the
+    trainer's validation failed with it; the training step alone, which is what is timed here, runs."""
+    return compile_dense(train_model, "reduce-overhead")
+
+
+# variant -> ({"module:attribute": value swapped in during build_training}, patch of the built stack)
+PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
+    "fast_sparsearch_copy": ({}, _torchrec_sparse_arch),
+    "fast_no_bounds_check": ({"dlrm.trainer:fused_params_of": _fused_params_without_bounds_check}, None),
+    "fast_dedicated_no_bounds_check": ({"dlrm.trainer:fused_params_of": _fused_params_without_bounds_check}, None),
+    "fast_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
+    "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
 }
 DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",
                     "fast_adagrad"]
@@ -95,8 +155,30 @@ class TrainerRunner(ab.Runner):
                                 + [f"data.batch_size={batch}"]))
         self.cfg = cfg
         torch.manual_seed(0)
-        built = build_training(cfg, info, batch)
+        module_patch, built_patch = PATCHES.get(name, ({}, None))
+        targets = {k: (importlib.import_module(k.split(":")[0]), k.split(":")[1]) for k in module_patch}
+        saved = {k: getattr(m, a) for k, (m, a) in targets.items()}
+        try:
+            for k, (m, a) in targets.items():
+                setattr(m, a, module_patch[k])
+            built = build_training(cfg, info, batch)
+        finally:
+            for k, (m, a) in targets.items():
+                setattr(m, a, saved[k])
+        if built_patch is not None:
+            built_patch(built)
         self.model, self.opt, self.pipe, self.scheduler = built.model, built.optimizer, built.pipeline, built.scheduler
+        # what the patches change, recorded so a result shows the patch took effect
+        self.applied = {
+            "sparse_arch_forward": built.model.module.model.sparse_arch.forward.__qualname__,
+            # FBGEMM BoundsCheckMode values of the TBEs (1 WARNING, FBGEMM's default; 3 NONE); the sharded
+            # collection keeps its lookups in a plain list, out of reach of modules()
+            "tbe_bounds_check_modes": sorted({m.bounds_check_mode_int for lookup in getattr(
+                built.model.module.model.sparse_arch.embedding_bag_collection, "_lookups", [])
+                for m in lookup.modules() if hasattr(m, "bounds_check_mode_int")}),
+            "compiled": sorted(n for n, m in built.model.module.named_modules() if hasattr(m, "_compiled_call_impl")
+                               and m._compiled_call_impl is not None),
+        }
         self.plan_kernels = sorted({(ps.sharding_type, ps.compute_kernel)
                                     for mp in built.plan.plan.values() for ps in mp.values()})  # type: ignore
         self.mc = cfg.model
@@ -126,22 +208,32 @@ def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo,
                 "overrides": LEVERS.get(name, [])}
 
 
-def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
+def _build(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Tuple[Any, List[str], float]:
     t0 = time.perf_counter()
     if name == "stock":
-        run: ab.Runner = ab.Runner(ab.Spec(f"stock/b{batch}", batch, stock=True), args, info.device, world)
-        overrides: List[str] = []
-    else:
-        overrides = LEVERS[name]
-        run = TrainerRunner(name, overrides, batch, args, info, world)
-    built_s = time.perf_counter() - t0
-    ms = [run.repeat(args.steps, args.warmup if r else args.warmup + args.first_warmup) for r in range(args.repeats)]
+        return ab.Runner(ab.Spec(f"stock/b{batch}", batch, stock=True), args, info.device, world), [], \
+            time.perf_counter() - t0
+    return TrainerRunner(name, LEVERS[name], batch, args, info, world), LEVERS[name], time.perf_counter() - t0
+
+
+def _finish(name: str, run: Any, overrides: List[str], built_s: float, ms: List[float], batch: int,
+            args: argparse.Namespace, info: DistInfo, world: int, order: str) -> Dict[str, Any]:
     extra: Dict[str, Any] = {"overrides": overrides, "plan": run.plan_kernels, "last_loss": run.last_loss,
-                             "build_s": round(built_s, 1)}
+                             "host_ms_per_step": round(run.host_ms, 3),
+                             **getattr(run, "applied", {}),
+                             "build_s": round(built_s, 1), "order": order}
     if info.device.type == "cuda":
         extra["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(info.device) / 1e9, 2)
-    if args.profile == name:
-        extra["breakdown_ms_per_step"] = ab.gpu_time_by_category(run)
+    if name in (args.profile or []):
+        top: List[Tuple[str, float]] = []
+        syncs: List[Tuple[str, float, float]] = []
+        trace = os.path.join(args.out, f"trace_{name}_b{batch}_rank{dist.get_rank()}.json") if args.trace else None
+        extra["breakdown_ms_per_step"] = ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs)
+        extra["top_kernels_ms_per_step"] = top
+        extra["host_syncs"] = syncs  # (call <- python stack, calls per step, host ms per step)
+        if info.is_main:
+            for call, n, t in syncs[:8]:
+                print(f"  sync {t:.3f} ms/step x{n:.1f}: {call[:400]}", flush=True)
     row = ab.summarize(name, None, "-", ms, world, batch, extra)
     run.close()
     for attr in ("scheduler", "win"):
@@ -153,9 +245,30 @@ def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo
         torch.cuda.reset_peak_memory_stats(info.device)
     if info.is_main:
         print(f"{name:>16} b{batch}: {row['ms_median']:.3f} ms/step ({row['ms_min']:.3f}-{row['ms_max']:.3f}), "
-              f"{row['samples_per_s'] / 1e6:.3f} M samples/s, loss {run.last_loss:.4f}, built in {built_s:.0f}s",
-              flush=True)
+              f"{row['samples_per_s'] / 1e6:.3f} M samples/s, host {run.host_ms:.2f} ms/step, "
+              f"loss {run.last_loss:.4f}, built in {built_s:.0f}s", flush=True)
     return row
+
+
+def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
+    run, overrides, built_s = _build(name, batch, args, info, world)
+    ms = [run.repeat(args.steps, args.warmup if r else args.warmup + args.first_warmup) for r in range(args.repeats)]
+    return _finish(name, run, overrides, built_s, ms, batch, args, info, world, "blocked")
+
+
+def run_alternating(names: List[str], batch: int, args: argparse.Namespace, info: DistInfo, world: int
+                    ) -> List[Dict[str, Any]]:
+    """``--alternate``: build every variant first (all alive at once: two capped models fit one H200 at 32768),
+    then time their repeats interleaved, A B B A ..., so that drift of the host or the GPU hits all alike."""
+    built = {n: _build(n, batch, args, info, world) for n in names}
+    for n in names:  # compile and warm up each before any timing
+        built[n][0].repeat(1, args.warmup + args.first_warmup)
+    ms: Dict[str, List[float]] = {n: [] for n in names}
+    for r in range(args.repeats):
+        for n in (names if r % 2 == 0 else list(reversed(names))):
+            ms[n].append(built[n][0].repeat(args.steps, args.warmup))
+    return [_finish(n, built[n][0], built[n][1], built[n][2], ms[n], batch, args, info, world, "alternating")
+            for n in names]
 
 
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
@@ -185,6 +298,8 @@ def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
                       f"(kernel ms per step; streams overlap, so the total can exceed the step time)", "",
                       "| category | ms/step |", "| --- | --- |"]
             lines += [f"| {k} | {v:.3f} |" for k, v in r["breakdown_ms_per_step"].items()]
+            lines += ["", "| largest kernels | ms/step |", "| --- | --- |"]
+            lines += [f"| `{k}` | {v:.3f} |" for k, v in r.get("top_kernels_ms_per_step", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -203,7 +318,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="the trainer variants' sharding preset. auto (the runs in docs/benchmarks.md): TorchRec's "
                         "planner picks, and on 1 GPU it chose table_wise, table_column_wise or column_wise in "
                         "different runs; table_wise matches what it gives stock and removes that variance")
-    p.add_argument("--profile", default=None, help="variant whose GPU time is broken down (e.g. fast)")
+    p.add_argument("--profile", nargs="*", default=[], help="variants whose GPU time is broken down (e.g. fast)")
+    p.add_argument("--alternate", action="store_true", help="build all --variants first and interleave their "
+                   "repeats (A B B A ...); they must fit in memory together (two capped models do at 32768)")
+    p.add_argument("--trace", action="store_true", help="with --profile: also write a Chrome trace (with Python "
+                   "stacks) per profiled variant and rank into --out")
     p.add_argument("--lr", type=float, default=0.004, help="stock runner's lr")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (tests); numbers are meaningless")
     p.add_argument("--out", default=None)
@@ -233,11 +352,15 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
             "device": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu",
             "torch": torch.__version__, "torchrec": getattr(torchrec, "__version__", "?"), "argv": sys.argv,
             **vars(args)}
-    out = args.out or os.path.join("bench", "results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out = args.out = args.out or os.path.join("bench", "results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
     rows: List[Dict[str, Any]] = []
     for b in args.batch_sizes:
-        for v in variants:
-            rows.append(run_variant(v, b, args, info, world))
+        for v in (["alternating"] if args.alternate else variants):
+            if args.alternate:
+                rows += run_alternating(list(args.variants), b, args, info, world)
+            else:
+                rows.append(run_variant(v, b, args, info, world))
             if info.is_main:  # after every variant, so a run cut short keeps what it measured
                 os.makedirs(out, exist_ok=True)
                 with open(os.path.join(out, "throughput.json"), "w", encoding="utf-8") as f:

@@ -355,9 +355,11 @@ class PipelineConfig:
 
     Fields:
         name: ``sparse_dist`` (TorchRec ``TrainPipelineSparseDist``: batch i+1's host-to-device copy and KJT
-            input dist overlap batch i), ``prefetch`` (``PrefetchTrainPipelineSparseDist``: also prefetches batch
-            i+1's rows into the ``fused_uvm_caching`` HBM cache on its own stream; needs CUDA) or ``base``
-            (``TrainPipelineBase``: no overlap, for debugging).
+            input dist overlap batch i), ``fused_sparse_dist`` (``TrainPipelineFusedSparseDist``: also starts batch
+            i+1's embedding lookup and output dist while batch i's dense optimizer steps; same numerics; needs
+            CUDA), ``prefetch`` (``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
+            ``fused_uvm_caching`` HBM cache on its own stream; needs CUDA) or ``base`` (``TrainPipelineBase``: no
+            overlap, for debugging).
         input_dist_group: ``shared`` sends the input dist's all-to-alls on the default process group;
             ``dedicated`` on one extra group over the same ranks created at start-up (its own NCCL communicator and
             stream, so the next batch's keys do not queue behind this step's output dist, backward all-to-all and
@@ -368,9 +370,9 @@ class PipelineConfig:
     input_dist_group: str = "shared"
 
     def __post_init__(self) -> None:
-        _check(self.name in ("sparse_dist", "prefetch", "base"), "pipeline.name",
-               f"got {self.name!r}; use sparse_dist, prefetch (uvm caching, CUDA) or base (plain loop, no overlap, "
-               "for debugging)")
+        _check(self.name in ("sparse_dist", "fused_sparse_dist", "prefetch", "base"), "pipeline.name",
+               f"got {self.name!r}; use sparse_dist, fused_sparse_dist (CUDA), prefetch (uvm caching, CUDA) or base "
+               "(plain loop, no overlap, for debugging)")
         _check(self.input_dist_group in ("shared", "dedicated"), "pipeline.input_dist_group",
                f"got {self.input_dist_group!r}; use shared or dedicated")
 
@@ -396,8 +398,11 @@ class PerfConfig:
         compile: ``torch.compile`` the dense arch, the interaction and the over arch in place
             (``nn.Module.compile``: parameter names and checkpoints are unchanged). The first steps and every new
             batch size compile (tens of seconds).
-        compile_mode: ``torch.compile`` mode: ``default``, ``reduce-overhead`` (CUDA graphs),
-            ``max-autotune`` or ``max-autotune-no-cudagraphs``.
+        compile_mode: ``torch.compile`` mode: ``default`` or ``max-autotune-no-cudagraphs``. The CUDA-graph
+            modes (``reduce-overhead``, ``max-autotune``) are refused: on H200 the trainer's run with them failed at
+            validation ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run": the
+            graphs' output buffers are reused while the step's logits are still held), and at batch 32768 they
+            were not faster (13.7 vs 13.6 ms/step; docs/benchmarks.md).
     """
 
     name: str = "fp32"
@@ -418,7 +423,10 @@ class PerfConfig:
                "perf.embedding_output_dtype",
                f"{self.embedding_output_dtype} pooled embeddings cannot meet {self.autocast} autocast (autocast's "
                f"torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype={self.autocast} or fp32")
-        modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        _check(self.compile_mode not in ("reduce-overhead", "max-autotune"), "perf.compile_mode",
+               f"{self.compile_mode} captures CUDA graphs, whose reused output buffers break this trainer's "
+               f"validation (measured on H200, docs/benchmarks.md); use default or max-autotune-no-cudagraphs")
+        modes = ("default", "max-autotune-no-cudagraphs")
         _check(self.compile_mode in modes, "perf.compile_mode", f"got {self.compile_mode!r}; use one of {modes}")
 
 

@@ -1,9 +1,14 @@
-"""Build the training pipeline (``pipeline=sparse_dist|prefetch|base``, ``pipeline.input_dist_group``).
+"""Build the training pipeline (``pipeline=sparse_dist|fused_sparse_dist|prefetch|base``,
+``pipeline.input_dist_group``).
 
 The pipelines are TorchRec's, used as they are:
 
 * ``sparse_dist``: ``TrainPipelineSparseDist``: batch i+1's host-to-device copy (memcpy stream) and KJT input
   dist (data-dist stream) overlap batch i's forward/backward.
+* ``fused_sparse_dist``: ``TrainPipelineFusedSparseDist``: as ``sparse_dist``, and batch i+1's embedding lookup
+  and output dist start on the data-dist stream as soon as batch i's backward is issued, overlapping batch i's
+  dense optimizer step (and, on several GPUs, the tail of its DDP all-reduce). Same numerics: the fused TBE has
+  already updated the tables in backward, and the lookup does not read the dense weights.
 * ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
   ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
@@ -34,6 +39,7 @@ from torchrec.distributed.train_pipeline import (
     PrefetchTrainPipelineSparseDist,
     TrainPipeline,
     TrainPipelineBase,
+    TrainPipelineFusedSparseDist,
     TrainPipelineSparseDist,
 )
 
@@ -44,9 +50,29 @@ log = logging.getLogger(__name__)
 
 PIPELINES: Dict[str, Type[TrainPipeline]] = {
     "sparse_dist": TrainPipelineSparseDist,
+    "fused_sparse_dist": TrainPipelineFusedSparseDist,
     "prefetch": PrefetchTrainPipelineSparseDist,
     "base": TrainPipelineBase,
 }
+
+
+# pipelines that run part of the step on their own CUDA stream (TorchRec calls record_stream, which CPU tensors
+# refuse with "unknown parameter type")
+CUDA_ONLY = {
+    "prefetch": "prefetches fused_uvm_caching rows on a CUDA stream",
+    "fused_sparse_dist": "runs the embedding lookup on a CUDA stream (TorchRec records the batch's tensors on it)",
+}
+
+
+def check_pipeline_device(cfg: PipelineConfig, device: torch.device) -> None:
+    """Refuse a CUDA-only pipeline off CUDA (the trainer calls this before loading data).
+
+    Raises:
+        ConfigError: ``pipeline=prefetch`` or ``pipeline=fused_sparse_dist`` on a non-CUDA device.
+    """
+    if cfg.name in CUDA_ONLY and device.type != "cuda":
+        raise ConfigError(f"config key `pipeline.name`: pipeline={cfg.name} {CUDA_ONLY[cfg.name]} and needs CUDA, "
+                          f"but this run is on {device.type}; use pipeline=sparse_dist on CPU")
 
 
 def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
@@ -57,12 +83,9 @@ def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dev
     every rank) and hooks every sharded module of ``model`` to it.
 
     Raises:
-        ValueError: ``pipeline=prefetch`` off CUDA (its cache prefetch runs on a CUDA stream).
+        ConfigError: a CUDA-only pipeline off CUDA (:func:`check_pipeline_device`).
     """
-    if cfg.name == "prefetch" and device.type != "cuda":
-        raise ConfigError(
-            f"config key `pipeline.name`: pipeline=prefetch prefetches fused_uvm_caching rows on a CUDA stream and "
-            f"needs CUDA, but this run is on {device.type}; use pipeline=sparse_dist on CPU")
+    check_pipeline_device(cfg, device)
     if cfg.input_dist_group == "dedicated":
         n = use_group_for_input_dist(model, input_dist_group())
         log.info("input dist of %d sharded module(s) on a dedicated process group", n)

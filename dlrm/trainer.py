@@ -37,7 +37,7 @@ from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
 from dlrm.model import FEATURE_NAMES, build_model, compile_dense, table_configs
 from dlrm.offload import check_can_train, offload_constraints
-from dlrm.pipeline import build_pipeline
+from dlrm.pipeline import build_pipeline, check_pipeline_device
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, shard
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ class Trainer:
         self.info = info = init_distributed(cfg.device)
         check_can_train(cfg.offload, info.device)  # before loading data: offload needs CUDA
         check_perf_device(cfg.perf, info.device)  # and bf16 TBE kernels too
+        check_pipeline_device(cfg.pipeline, info.device)  # and the stream-based pipelines
         self.run_dir = self._agree_run_dir(self.run_dir)
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)

@@ -46,8 +46,9 @@ def test_perf_presets_compose() -> None:
     assert (fast.name, fast.embedding_dtype, fast.embedding_output_dtype, fast.autocast, fast.tf32, fast.compile,
             fast.compile_mode) == ("fast", "fp32", "bf16", "bf16", True, True, "default")
     # a lever on top of a preset
-    p = to_config(compose(["perf=fast", "perf.embedding_dtype=fp16", "perf.compile_mode=max-autotune"])).perf
-    assert (p.embedding_dtype, p.compile_mode, p.autocast) == ("fp16", "max-autotune", "bf16")
+    p = to_config(compose(["perf=fast", "perf.embedding_dtype=fp16",
+                           "perf.compile_mode=max-autotune-no-cudagraphs"])).perf
+    assert (p.embedding_dtype, p.compile_mode, p.autocast) == ("fp16", "max-autotune-no-cudagraphs", "bf16")
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -56,7 +57,12 @@ def test_perf_presets_compose() -> None:
      "config key `perf.embedding_output_dtype`: got 'half'; use fp32, fp16 or bf16"),
     (["perf.autocast=fp32"], "config key `perf.autocast`: got 'fp32'; use none, bf16 or fp16"),
     (["perf.compile_mode=fast"], "config key `perf.compile_mode`: got 'fast'; use one of ('default', "
-     "'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')"),
+     "'max-autotune-no-cudagraphs')"),
+    (["perf.compile_mode=reduce-overhead"], "config key `perf.compile_mode`: reduce-overhead captures CUDA graphs, "
+     "whose reused output buffers break this trainer's validation (measured on H200, docs/benchmarks.md); use "
+     "default or max-autotune-no-cudagraphs"),
+    (["perf=fast", "perf.compile_mode=max-autotune"], "config key `perf.compile_mode`: max-autotune captures CUDA "
+     "graphs"),
     (["perf.autocast=bf16", "perf.embedding_output_dtype=fp16"],
      "config key `perf.embedding_output_dtype`: fp16 pooled embeddings cannot meet bf16 autocast (autocast's "
      "torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype=bf16 or fp32"),
@@ -383,6 +389,7 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
         assert 0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"]
         assert r["samples_per_s"] == pytest.approx(32 * 1000.0 / r["ms_median"])
         assert 0.0 < r["last_loss"] < 5.0
+        assert 0 < r["host_ms_per_step"] < 10 * r["ms_max"], r  # median host time to issue one step
     by = {r["config"]: r for r in data["results"]}
     assert by["emb_fp16"]["overrides"] == ["perf.embedding_dtype=fp16"]
     assert all(t != "data_parallel" for t, _ in by["emb_fp16"]["plan"])
@@ -416,3 +423,31 @@ def test_plan_that_forgets_fp32_adagrad_state_of_fp16_tables_is_refused() -> Non
     # row-wise Adagrad keeps one float per row and is counted right: the same placement plans
     pi = plan(["optimizer.sparse_type=rowwise_adagrad"])
     assert {s["sharding_type"] for s in pi.shards} == {"table_wise"}
+
+
+def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
+    sys.path.insert(0, str(REPO / "bench"))
+    import throughput
+
+    torch.set_num_threads(1)
+    return throughput.main(["--smoke", "--alternate", "--variants", "fp32", "fast_sparsearch_copy",
+                            "fast_no_bounds_check", "--out", out])
+
+
+def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
+    """``--alternate`` interleaves the repeats of variants built together; the ``PATCHES`` variants really run
+    with their patch (TorchRec's SparseArch forward; TBE bounds check NONE) and only they do."""
+    rows = run_gloo(1, _alternate_worker, str(tmp_path), timeout=400)[0]
+    by = {r["config"]: r for r in rows}
+    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_no_bounds_check"]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["order"] == "alternating" and len(r["ms_repeats"]) == 2 and min(r["ms_repeats"]) > 0, r
+    assert by["fp32"]["sparse_arch_forward"] == "ZeroCopySparseArch.forward"
+    assert by["fast_sparsearch_copy"]["sparse_arch_forward"] == "SparseArch.forward"
+    assert by["fast_no_bounds_check"]["sparse_arch_forward"] == "ZeroCopySparseArch.forward"
+    assert by["fp32"]["tbe_bounds_check_modes"] == [1] == by["fast_sparsearch_copy"]["tbe_bounds_check_modes"]
+    assert by["fast_no_bounds_check"]["tbe_bounds_check_modes"] == [3]  # BoundsCheckMode.NONE
+    assert by["fp32"]["compiled"] == []
+    assert by["fast_no_bounds_check"]["compiled"] == ["model.dense_arch", "model.inter_arch", "model.over_arch"]
+    assert json.loads((tmp_path / "throughput.json").read_text())["meta"]["alternate"] is True
