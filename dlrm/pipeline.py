@@ -6,9 +6,10 @@ The pipelines are TorchRec's, used as they are:
 * ``sparse_dist``: ``TrainPipelineSparseDist``: batch i+1's host-to-device copy (memcpy stream) and KJT input
   dist (data-dist stream) overlap batch i's forward/backward.
 * ``fused_sparse_dist``: ``TrainPipelineFusedSparseDist``: as ``sparse_dist``, and batch i+1's embedding lookup
-  and output dist start on the data-dist stream as soon as batch i's backward is issued, overlapping batch i's
-  dense optimizer step (and, on several GPUs, the tail of its DDP all-reduce). Same numerics: the fused TBE has
-  already updated the tables in backward, and the lookup does not read the dense weights.
+  and output dist are issued on the data-dist stream before its forward, so on the GPU they overlap batch i's
+  dense optimizer step. Same numerics: the fused TBE has already updated the tables in backward, and the lookup
+  does not read the dense weights. CUDA only; measured 2.4 ms/step slower than ``sparse_dist`` with
+  ``perf=fast`` on an H200 (docs/benchmarks.md), where the dense optimizer step it hides is 0.13 ms.
 * ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
   ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
