@@ -39,8 +39,8 @@ swapped (TorchRec's copying ``SparseArch``; TBE bounds checks off; torch.compile
 config refuses for training runs).
 
 ``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Measured on H200:
-two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``: dynamo
-guards both), so compare compiled variants in the default blocked mode, one built at a time.
+two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``, the
+host side slowing; not analysed), so compare compiled variants in the default blocked mode, one built at a time.
 
 Output: ``throughput.json`` and ``throughput.md`` under ``--out`` (default ``bench/results/<timestamp>``).
 """
