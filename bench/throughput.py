@@ -36,7 +36,9 @@ failed and the others still run.
 
 Variants in ``PATCHES`` are A/B checks of a code change: their overrides, built with one piece of the trainer
 swapped (TorchRec's copying ``SparseArch``; TBE bounds checks off; torch.compile with CUDA graphs, which the
-config refuses for training runs).
+config refuses for training runs; the feature reorder folded into the compiled interaction, a candidate for
+several ranks). Each row records what the patch changed (``sparse_arch_forward``, ``tbe_bounds_check_modes``,
+``compiled``, ``interaction_kt_pos``).
 
 ``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Measured on H200:
 two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``, the
@@ -70,7 +72,7 @@ import pipeline_ab as ab  # noqa: E402  (the stock runner, batch pool and timing
 
 from dlrm.config import compose, to_config  # noqa: E402
 from dlrm.dist import DistInfo, init_distributed  # noqa: E402
-from dlrm.model import ZeroCopySparseArch, compile_dense  # noqa: E402
+from dlrm.model import ZeroCopySparseArch, _fx_tracing, compile_dense  # noqa: E402
 from dlrm.sharding import fused_params_of  # noqa: E402
 from dlrm.trainer import _Window, build_training  # noqa: E402
 
@@ -102,6 +104,7 @@ LEVERS: Dict[str, List[str]] = {
     "fast_sparsearch_copy": ["perf=fast"],
     "fast_no_bounds_check": ["perf=fast"],
     "fast_dedicated_no_bounds_check": ["perf=fast", "pipeline.input_dist_group=dedicated"],
+    "fast_fold_permute": ["perf=fast"],
 }
 
 
@@ -129,12 +132,48 @@ def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default
     return compile_dense(train_model, "reduce-overhead")
 
 
+def _fold_permute_forwards(net: torch.nn.Module) -> None:
+    """Candidate for several ranks (not yet measured on GPU): the sparse arch always returns the pooled embeddings
+    as a view in the sharded output's key order, and the interaction reorders them into feature order inside its
+    own (compiled) concatenation with the dense features: one copy instead of two when the plan's order is not the
+    feature order (on 2 GPUs TorchRec's copy cost 0.51 ms/step, docs/benchmarks.md)."""
+    sparse_arch, inter_arch = net.sparse_arch, net.inter_arch
+    inter_arch.kt_pos = tuple(range(inter_arch.F))  # kt_pos[f]: where feature f sits in the sparse arch's output
+
+    def sparse_forward(self: Any, features: Any) -> torch.Tensor:
+        if _fx_tracing():
+            return type(self).forward(self, features)
+        kt = self.embedding_bag_collection(features)
+        keys = kt.keys()
+        if sorted(keys) != sorted(self.sparse_feature_names) or any(d != self.D for d in kt.length_per_key()):
+            return type(self).forward(self, features)  # not one dim-D block per feature: TorchRec's path
+        pos = tuple(keys.index(n) for n in self.sparse_feature_names)
+        if pos != inter_arch.kt_pos:
+            inter_arch.kt_pos = pos  # set once, before the compiled interaction first runs with this order
+        return kt.values().reshape(-1, self.F, self.D)
+
+    def inter_forward(self: Any, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        b = dense_features.shape[0]
+        parts = [dense_features.unsqueeze(1)] + [sparse_features[:, p:p + 1] for p in self.kt_pos]
+        return self.crossnet(torch.cat(parts, dim=1).reshape([b, -1]))
+
+    sparse_arch.forward = types.MethodType(sparse_forward, sparse_arch)
+    inter_arch.forward = types.MethodType(inter_forward, inter_arch)
+
+
+def _compile_folding_permute(train_model: torch.nn.Module, mode: str = "default") -> List[str]:
+    """``compile_dense`` after :func:`_fold_permute_forwards` (so the reorder is inside the compiled interaction)."""
+    _fold_permute_forwards(train_model.model)
+    return compile_dense(train_model, mode)
+
+
 # variant -> ({"module:attribute": value swapped in during build_training}, patch of the built stack)
 PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_sparsearch_copy": ({}, _torchrec_sparse_arch),
     "fast_no_bounds_check": ({"dlrm.trainer:fused_params_of": _fused_params_without_bounds_check}, None),
     "fast_dedicated_no_bounds_check": ({"dlrm.trainer:fused_params_of": _fused_params_without_bounds_check}, None),
     "fast_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
+    "fast_fold_permute": ({"dlrm.trainer:compile_dense": _compile_folding_permute}, None),
     "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
 }
 DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",
@@ -222,6 +261,9 @@ def _finish(name: str, run: Any, overrides: List[str], built_s: float, ms: List[
                              "host_ms_per_step": round(run.host_ms, 3),
                              **getattr(run, "applied", {}),
                              "build_s": round(built_s, 1), "order": order}
+    inter = getattr(getattr(getattr(run, "model", None), "module", None), "model", None)
+    if inter is not None and hasattr(inter.inter_arch, "kt_pos"):  # fast_fold_permute: the order it reordered from
+        extra["interaction_kt_pos"] = list(inter.inter_arch.kt_pos)
     if info.device.type == "cuda":
         extra["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(info.device) / 1e9, 2)
     if name in (args.profile or []):

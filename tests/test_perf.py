@@ -430,16 +430,19 @@ def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
     import throughput
 
     torch.set_num_threads(1)
-    return throughput.main(["--smoke", "--alternate", "--variants", "fp32", "fast_sparsearch_copy",
-                            "fast_no_bounds_check", "--out", out])
+    return throughput.main(["--smoke", "--alternate", "--sharding", "table_wise", "--variants", "fp32",
+                            "fast_sparsearch_copy", "fast_no_bounds_check", "fast_fold_permute", "--out", out])
 
 
 def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
-    """``--alternate`` interleaves the repeats of variants built together; the ``PATCHES`` variants really run
-    with their patch (TorchRec's SparseArch forward; TBE bounds check NONE) and only they do."""
-    rows = run_gloo(1, _alternate_worker, str(tmp_path), timeout=400)[0]
+    """2 gloo ranks, table_wise: ``--alternate`` interleaves the repeats of variants built together; the
+    ``PATCHES`` variants really run with their patch (TorchRec's SparseArch forward; TBE bounds check NONE;
+    the feature reorder folded into the interaction) and only they do; the data-movement patches train exactly
+    like ``perf=fast`` (bitwise-equal last loss), here with the pooled embeddings out of feature order."""
+    rows = run_gloo(2, _alternate_worker, str(tmp_path), timeout=600)[0]
     by = {r["config"]: r for r in rows}
-    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_no_bounds_check"]
+    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_no_bounds_check",
+                                           "fast_fold_permute"]
     for r in rows:
         assert "error" not in r, r
         assert r["order"] == "alternating" and len(r["ms_repeats"]) == 2 and min(r["ms_repeats"]) > 0, r
@@ -451,3 +454,7 @@ def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
     assert by["fp32"]["compiled"] == []
     assert by["fast_no_bounds_check"]["compiled"] == ["model.dense_arch", "model.inter_arch", "model.over_arch"]
     assert json.loads((tmp_path / "throughput.json").read_text())["meta"]["alternate"] is True
+    pos = by["fast_fold_permute"]["interaction_kt_pos"]
+    assert sorted(pos) == list(range(26)) and pos != list(range(26)), pos  # 2 ranks: rank order, not feature order
+    assert by["fast_fold_permute"]["last_loss"] == by["fast_sparsearch_copy"]["last_loss"]
+    assert by["fast_fold_permute"]["sparse_arch_forward"] == "_fold_permute_forwards.<locals>.sparse_forward"
