@@ -428,6 +428,8 @@ class PerfConfig:
                f"validation (measured on H200, docs/benchmarks.md); use default or max-autotune-no-cudagraphs")
         modes = ("default", "max-autotune-no-cudagraphs")
         _check(self.compile_mode in modes, "perf.compile_mode", f"got {self.compile_mode!r}; use one of {modes}")
+        _check(self.compile or self.compile_mode == "default", "perf.compile_mode",
+               f"{self.compile_mode} has no effect while perf.compile=false; add perf.compile=true")
 
 
 @dataclass

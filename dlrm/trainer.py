@@ -56,8 +56,9 @@ def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
             # fp16 pooled embeddings cannot meet bf16 autocast (PerfConfig), so name the one value that works then
             fix = ("fp32 on CPU (fp16 too, without bf16 autocast)" if key == "embedding_output_dtype"
                    and perf.autocast == "bf16" else "fp16 or fp32 on CPU")
-            raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use {fix} "
-                              f"(perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)")
+            hint = (" (perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
+                    if key == "embedding_output_dtype" else "")
+            raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use {fix}{hint}")
 
 
 @dataclass
