@@ -329,6 +329,12 @@ def summarize(name: str, spec: Optional[Spec], variant: str, ms: List[float], wo
             "spec": asdict(spec) if spec else None, **extra}
 
 
+def abba(units: List[Any], r: int) -> List[Any]:
+    """The order of repeat ``r`` when repeats alternate A B B A ...: forward on even repeats, reversed on odd
+    ones, so that drift over the run hits every unit alike."""
+    return list(units) if r % 2 == 0 else list(reversed(units))
+
+
 def run_specs(specs: List[Spec], args: argparse.Namespace, device: torch.device, world: int,
               keep_alive: bool) -> List[Dict[str, Any]]:
     """Alternate every (spec, variant) repeat by repeat (ABBA) with all models alive, or, when they cannot all
@@ -339,7 +345,7 @@ def run_specs(specs: List[Spec], args: argparse.Namespace, device: torch.device,
     if keep_alive:
         runners = {s.name: Runner(s, args, device, world) for s in specs}
         for r in range(args.repeats):
-            for s, v in (units if r % 2 == 0 else list(reversed(units))):
+            for s, v in abba(units, r):
                 run = runners[s.name]
                 run.set_variant(v)
                 times.setdefault((s.name, v), []).append(run.repeat(args.steps, args.warmup))

@@ -307,7 +307,7 @@ def run_alternating(names: List[str], batch: int, args: argparse.Namespace, info
         built[n][0].repeat(1, args.warmup + args.first_warmup)
     ms: Dict[str, List[float]] = {n: [] for n in names}
     for r in range(args.repeats):
-        for n in (names if r % 2 == 0 else list(reversed(names))):
+        for n in ab.abba(names, r):
             ms[n].append(built[n][0].repeat(args.steps, args.warmup))
     return [_finish(n, built[n][0], built[n][1], built[n][2], ms[n], batch, args, info, world, "alternating")
             for n in names]
@@ -390,21 +390,20 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     variants = list(args.variants)
     if "stock" in variants and len(variants) > 1:
         variants.append("stock")  # again at the end: drift check
+    out = args.out = args.out or os.path.join("bench", "results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "world": world,
             "device": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu",
             "torch": torch.__version__, "torchrec": getattr(torchrec, "__version__", "?"), "argv": sys.argv,
             **vars(args)}
-    out = args.out = args.out or os.path.join("bench", "results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
     rows: List[Dict[str, Any]] = []
     for b in args.batch_sizes:
-        for v in (["alternating"] if args.alternate else variants):
-            if args.alternate:
-                rows += run_alternating(list(args.variants), b, args, info, world)
-            else:
-                rows.append(run_variant(v, b, args, info, world))
-            if info.is_main:  # after every variant, so a run cut short keeps what it measured
-                os.makedirs(out, exist_ok=True)
+        # --alternate times all variants as one unit; otherwise each variant is built, timed and freed in turn
+        units = [lambda: run_alternating(list(args.variants), b, args, info, world)] if args.alternate else \
+            [lambda v=v: [run_variant(v, b, args, info, world)] for v in variants]
+        for unit in units:
+            rows += unit()
+            if info.is_main:  # after every unit, so a run cut short keeps what it measured
                 with open(os.path.join(out, "throughput.json"), "w", encoding="utf-8") as f:
                     json.dump({"meta": meta, "results": rows}, f, indent=1, default=str)
                 with open(os.path.join(out, "throughput.md"), "w", encoding="utf-8") as f:
