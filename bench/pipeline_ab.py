@@ -40,6 +40,7 @@ Commands (the lead's runs; results go to ``--out``: ``pipeline_ab.json`` and ``p
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime
 import gc
 import itertools
@@ -47,6 +48,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -268,15 +270,17 @@ SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynch
 
 
 def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tuple[str, float]]] = None,
-                         trace: Optional[str] = None, syncs: Optional[List[Tuple[str, float, float]]] = None
-                         ) -> Dict[str, float]:
+                         trace: Optional[str] = None, syncs: Optional[List[Tuple[str, float, float]]] = None,
+                         gaps: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
     """CUDA kernel time per step (ms) by :data:`CATEGORIES` over ``steps`` profiled steps of ``run``; with
     ``top`` (a list), also appends the 25 largest kernels as ``(name, ms per step)``.
 
     Kernels on different streams overlap, so the categories can add up to more than the step time; NCCL kernel
     time includes waiting for the slower rank. ``trace``: also write a Chrome trace (with Python stacks) there.
     ``syncs``: appends ``(host call and the Python frames above it, calls per step, host ms per step)`` for every
-    host-blocking call (:data:`SYNC_EVENTS`) seen, the longest first."""
+    host-blocking call (:data:`SYNC_EVENTS`) seen, the longest first. ``gaps`` (a dict): filled with
+    :func:`idle_gaps` of ``steps`` more steps profiled with CUDA activity only (kernels and runtime calls; no
+    CPU op or Python tracing, which would slow the host and starve the GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     it = itertools.islice(itertools.cycle(run.pool), steps + 8)
@@ -291,6 +295,25 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
     drain(run.pipe, it)
     if trace is not None:
         prof.export_chrome_trace(trace)
+    if gaps is not None and run.device.type != "cuda":
+        gaps.update(idle_gaps({"traceEvents": []}, steps))  # no device timeline: nothing busy, nothing idle
+    elif gaps is not None:
+        # a second run with CUDA activity only: CPU op and Python tracing slow the host enough to starve the GPU
+        # (measured on H200: 12 ms idle in a 13.6 ms step with Python stacks), which would blame the host
+        it = itertools.islice(itertools.cycle(run.pool), steps + 8)
+        for _ in range(3):
+            run.pipe.progress(it)
+        sync(run.device)
+        with profile(activities=[ProfilerActivity.CUDA]) as cuda_prof:
+            for _ in range(steps):
+                run.after_step(run.pipe.progress(it))
+            sync(run.device)
+        drain(run.pipe, it)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            cuda_prof.export_chrome_trace(path)
+            with open(path, encoding="utf-8") as f:
+                gaps.update(idle_gaps(json.load(f), steps))
     if syncs is not None:
         found = [(f"{ev.key} <- {' <- '.join(fr for fr in ev.stack if 'nn/modules/module.py' not in fr)[:600]}",
                   ev.count / steps, ev.cpu_time_total / 1000.0 / steps)
@@ -317,6 +340,84 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
     out = {k: v / 1000.0 / steps for k, v in cats.items()}
     out["total GPU kernel time"] = total / 1000.0 / steps
     return out
+
+
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+_BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+             "cudaMemcpyAsync")
+
+
+def idle_gaps(trace: Dict[str, Any], steps: int, min_us: float = 2.0, top: int = 12) -> Dict[str, Any]:
+    """Where and why the GPU of one rank sits idle, from a torch.profiler Chrome trace (``export_chrome_trace``).
+
+    The device's busy time is the union of its kernel, memcpy and memset intervals over all streams; every hole of
+    at least ``min_us`` between the first and the last of them is a gap. A gap is ``host``-bound when the kernel
+    that ends it was launched (its ``cudaLaunchKernel`` / ``cuLaunchKernel`` returned) after the gap began: the GPU
+    waited for the host to issue work. Such a gap is attributed to the longest host-blocking call
+    (``cudaStreamSynchronize``, ``cudaMemcpy``...) on the launching thread inside the gap, else to the launch
+    itself (the host was busy issuing other work), each with the innermost Python frame around it when the trace
+    has them (``with_stack``), else with the name of the kernel that ends the gap. Otherwise the work was queued and
+    waited on another stream (an event wait, a collective's peer): ``device``, attributed to the kernel that
+    ends the gap.
+
+    Returns ``{"idle_ms_per_step", "host_ms_per_step", "device_ms_per_step", "busy_ms_per_step", "gaps_per_step",
+    "top": [(kind, label, ms per step, gaps per step), ...]}`` with the ``top`` largest labels. Times from the
+    trace's microsecond timestamps.
+    """
+    evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    dev = sorted((e for e in evs if e.get("cat") in _DEVICE_CATS), key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in evs if e.get("cat") in _LAUNCH_CATS
+                and "correlation" in e.get("args", {})}
+    blocking = [e for e in evs if e.get("cat") in _LAUNCH_CATS and e["name"] in _BLOCKING]
+    frames: Dict[Any, List[Dict[str, Any]]] = {}
+    for e in sorted(evs, key=lambda e: e["ts"]):
+        if e.get("cat") == "python_function" and "nn/modules/module.py" not in e["name"]:
+            frames.setdefault(e.get("tid"), []).append(e)
+    starts = {tid: [f["ts"] for f in fs] for tid, fs in frames.items()}
+
+    def where(tid: Any, t: float, nxt: Dict[str, Any]) -> str:
+        # a thread's Python frames nest, so the latest-starting frame that still contains t is the innermost;
+        # a trace without Python frames (CUDA activity only) names the kernel the GPU was waiting for instead
+        fs = frames.get(tid, [])
+        for i in range(bisect.bisect_right(starts.get(tid, []), t) - 1, -1, -1):
+            if fs[i]["ts"] + fs[i]["dur"] >= t:
+                return f" in {fs[i]['name']}"
+        return f" -> {nxt['name'][:70]}"
+
+    gaps: List[Tuple[float, float, Dict[str, Any]]] = []
+    busy = 0.0
+    end = None
+    for e in dev:
+        s, f = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
+        if end is None:
+            busy, end = f - s, f
+            continue
+        if s - end >= min_us:
+            gaps.append((end, s, e))
+        busy += max(0.0, f - max(s, end))
+        end = max(end, f)
+    by: Dict[Tuple[str, str], List[float]] = {}
+    for g0, g1, nxt in gaps:
+        launch = launches.get(nxt.get("args", {}).get("correlation"))
+        if launch is not None and launch["ts"] + launch.get("dur", 0.0) > g0:
+            tid = launch.get("tid")
+            waits = [b for b in blocking if b.get("tid") == tid and b["ts"] < launch["ts"] and b["ts"] + b["dur"] > g0]
+            if waits:
+                w = max(waits, key=lambda b: b["dur"])
+                key = ("host", f"{w['name']}{where(tid, w['ts'], nxt)}")
+            else:
+                key = ("host", f"launch{where(tid, launch['ts'], nxt)}")
+        else:
+            key = ("device", f"{nxt['name'][:80]} (stream {nxt.get('args', {}).get('stream', '?')})")
+        by.setdefault(key, []).append(g1 - g0)
+    per = 1000.0 * steps
+    kinds = {k: sum(sum(v) for (kk, _), v in by.items() if kk == k) / per for k in ("host", "device")}
+    ranked = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"idle_ms_per_step": sum(g1 - g0 for g0, g1, _ in gaps) / per,
+            "host_ms_per_step": kinds["host"], "device_ms_per_step": kinds["device"],
+            "busy_ms_per_step": busy / per, "gaps_per_step": len(gaps) / steps,
+            "top": [(k, label, sum(v) / per, len(v) / steps) for (k, label), v in ranked]}
 
 
 def summarize(name: str, spec: Optional[Spec], variant: str, ms: List[float], world: int, batch: int,

@@ -28,17 +28,21 @@ Each row also has ``host_ms_per_step``: the median host time to issue one step (
 while the GPU is behind, ``progress()`` returns once the step is queued, so a value near ms/step means the loop
 is host-bound.
 
-``--profile VARIANT [VARIANT ...]`` additionally profiles 10 steps of those variants with torch.profiler and
+``--profile VARIANT [VARIANT ...]`` additionally profiles 10 steps of those variants with torch.profiler (built
+again after all variants of the batch size were timed: profiling slows what runs after it in the process) and
 prints where the GPU time goes (``pipeline_ab.gpu_time_by_category``: kernel time per step for TBE forward, TBE
 backward with the fused optimizer, NCCL all-to-all and all-reduce, matrix products, fused (triton) elementwise,
-other elementwise, copies) and the 25 largest kernels. A variant that fails (say, a compile mode) is reported as
+other elementwise, copies), the 25 largest kernels, and where the GPU sits idle and why
+(``pipeline_ab.idle_gaps``: waiting for the host, blamed on a blocking call or the launching Python frame, or
+waiting on another stream). A variant that fails (say, a compile mode) is reported as
 failed and the others still run.
 
 Variants in ``PATCHES`` are A/B checks of a code change: their overrides, built with one piece of the trainer
-swapped (TorchRec's copying ``SparseArch``; TBE bounds checks off; torch.compile with CUDA graphs, which the
+swapped (TorchRec's copying ``SparseArch``; torch.compile with CUDA graphs, which the
 config refuses for training runs; the feature reorder folded into the compiled interaction, a candidate for
-several ranks). Each row records what the patch changed (``sparse_arch_forward``, ``tbe_bounds_check_modes``,
-``compiled``, ``interaction_kt_pos``).
+several ranks, measured slower; the dense modules compiled apart, as ``perf.compile`` did before it compiled them
+and the loss as one graph). Each row records what the patch changed (``sparse_arch_forward``,
+``tbe_bounds_check_modes``, ``compiled``, ``interaction_kt_pos``).
 
 ``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Measured on H200:
 two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``, the
@@ -73,7 +77,6 @@ import pipeline_ab as ab  # noqa: E402  (the stock runner, batch pool and timing
 from dlrm.config import compose, to_config  # noqa: E402
 from dlrm.dist import DistInfo, init_distributed  # noqa: E402
 from dlrm.model import ZeroCopySparseArch, _fx_tracing, compile_dense  # noqa: E402
-from dlrm.sharding import fused_params_of  # noqa: E402
 from dlrm.trainer import _Window, build_training  # noqa: E402
 
 # The MLPerf DLRM-v2 model at the stock baseline's size (../shared/perf/baseline.md: tables capped at 4 M rows,
@@ -102,9 +105,11 @@ LEVERS: Dict[str, List[str]] = {
     "fast_cudagraphs_dedicated": ["perf=fast", "pipeline.input_dist_group=dedicated"],  # patched, as above
     # A/B of code changes: built with a patch (PATCHES below)
     "fast_sparsearch_copy": ["perf=fast"],
-    "fast_no_bounds_check": ["perf=fast"],
-    "fast_dedicated_no_bounds_check": ["perf=fast", "pipeline.input_dist_group=dedicated"],
     "fast_fold_permute": ["perf=fast"],
+    "fast_ar_bf16": ["perf=fast", "perf.allreduce_dtype=bf16"],
+    "fast_bounds_check": ["perf=fast", "perf.tbe_bounds_check=warning"],  # FBGEMM's default check, on
+    "fast_modules_apart": ["perf=fast"],  # patched: three compiled modules, the loss eager (before session 4)
+    "fast_coordinate_descent": ["perf=fast", "perf.coordinate_descent_tuning=true"],
 }
 
 
@@ -118,25 +123,20 @@ def _torchrec_sparse_arch(built: Any) -> None:
     arch.forward = types.MethodType(SparseArch.forward, arch)
 
 
-def _fused_params_without_bounds_check(embedding_output_dtype: str) -> Dict[str, Any]:
-    """TBE fused params with ``bounds_check_mode=NONE``: no per-batch index bounds check kernel (FBGEMM's default,
-    WARNING, checks every id of every batch; the loaders range-check ids already)."""
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
-
-    return {**(fused_params_of(embedding_output_dtype) or {}), "bounds_check_mode": BoundsCheckMode.NONE}
-
-
-def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default") -> List[str]:
+def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default",
+                              coordinate_descent_tuning: bool = False) -> List[str]:
     """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it, because the
     trainer's validation failed with it; the training step alone, which is what is timed here, runs."""
-    return compile_dense(train_model, "reduce-overhead")
+    return compile_dense(train_model, "reduce-overhead", coordinate_descent_tuning)
 
 
 def _fold_permute_forwards(net: torch.nn.Module) -> None:
-    """Candidate for several ranks (not yet measured on GPU): the sparse arch always returns the pooled embeddings
-    as a view in the sharded output's key order, and the interaction reorders them into feature order inside its
-    own (compiled) concatenation with the dense features: one copy instead of two when the plan's order is not the
-    feature order (on 2 GPUs TorchRec's copy cost 0.51 ms/step, docs/benchmarks.md)."""
+    """Candidate for several ranks, measured slower: the sparse arch always returns the pooled embeddings as a view
+    in the sharded output's key order, and the interaction reorders them into feature order inside its own
+    (compiled) concatenation with the dense features: one copy instead of two when the plan's order is not the
+    feature order (on 2 GPUs TorchRec's copy cost 0.49 ms/step). On 2x H200 it took 19.75 ms/step against 16.75
+    and 17.58 for ``perf=fast`` in the same run: the backward of the reordering slices compiles to a scatter into
+    zeros (0.55 ms) that costs more than the copy it saves (docs/benchmarks.md)."""
     sparse_arch, inter_arch = net.sparse_arch, net.inter_arch
     inter_arch.kt_pos = tuple(range(inter_arch.F))  # kt_pos[f]: where feature f sits in the sparse arch's output
 
@@ -161,19 +161,35 @@ def _fold_permute_forwards(net: torch.nn.Module) -> None:
     inter_arch.forward = types.MethodType(inter_forward, inter_arch)
 
 
-def _compile_folding_permute(train_model: torch.nn.Module, mode: str = "default") -> List[str]:
+def _compile_folding_permute(train_model: torch.nn.Module, mode: str = "default",
+                             coordinate_descent_tuning: bool = False) -> List[str]:
     """``compile_dense`` after :func:`_fold_permute_forwards` (so the reorder is inside the compiled interaction)."""
     _fold_permute_forwards(train_model.model)
-    return compile_dense(train_model, mode)
+    return compile_dense(train_model, mode, coordinate_descent_tuning)
+
+
+def _compile_modules_apart(train_model: torch.nn.Module, mode: str = "default",
+                           coordinate_descent_tuning: bool = False) -> List[str]:
+    """What ``perf.compile`` did before session 4: the dense arch, the interaction and the over arch compiled as
+    three modules (``nn.Module.compile``), the loss eager; ``compile_dense`` now compiles them and the loss as one
+    graph. Kept to A/B the two."""
+    import torch._dynamo
+
+    torch._dynamo.config.error_on_nested_fx_trace = False
+    done = []
+    for name in ("dense_arch", "inter_arch", "over_arch"):
+        getattr(train_model.model, name).compile(mode=None if mode == "default" else mode)
+        done.append(f"model.{name}")
+    train_model.compiled_parts = done
+    return done
 
 
 # variant -> ({"module:attribute": value swapped in during build_training}, patch of the built stack)
 PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_sparsearch_copy": ({}, _torchrec_sparse_arch),
-    "fast_no_bounds_check": ({"dlrm.trainer:fused_params_of": _fused_params_without_bounds_check}, None),
-    "fast_dedicated_no_bounds_check": ({"dlrm.trainer:fused_params_of": _fused_params_without_bounds_check}, None),
     "fast_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
     "fast_fold_permute": ({"dlrm.trainer:compile_dense": _compile_folding_permute}, None),
+    "fast_modules_apart": ({"dlrm.trainer:compile_dense": _compile_modules_apart}, None),
     "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
 }
 DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",
@@ -215,8 +231,7 @@ class TrainerRunner(ab.Runner):
             "tbe_bounds_check_modes": sorted({m.bounds_check_mode_int for lookup in getattr(
                 built.model.module.model.sparse_arch.embedding_bag_collection, "_lookups", [])
                 for m in lookup.modules() if hasattr(m, "bounds_check_mode_int")}),
-            "compiled": sorted(n for n, m in built.model.module.named_modules() if hasattr(m, "_compiled_call_impl")
-                               and m._compiled_call_impl is not None),
+            "compiled": list(built.model.module.compiled_parts),
         }
         self.plan_kernels = sorted({(ps.sharding_type, ps.compute_kernel)
                                     for mp in built.plan.plan.values() for ps in mp.values()})  # type: ignore
@@ -255,6 +270,46 @@ def _build(name: str, batch: int, args: argparse.Namespace, info: DistInfo, worl
     return TrainerRunner(name, LEVERS[name], batch, args, info, world), LEVERS[name], time.perf_counter() - t0
 
 
+def _free(run: Any, info: DistInfo) -> None:
+    run.close()
+    for attr in ("scheduler", "win"):
+        if hasattr(run, attr):
+            delattr(run, attr)
+    gc.collect()
+    if info.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(info.device)
+
+
+def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
+    """``--profile``: build ``name`` again after every variant of this batch size was timed, warm it up, and break
+    its GPU time down (``pipeline_ab.gpu_time_by_category``, with idle gaps and host syncs).
+
+    Profiling runs last because it leaves the process slower: on H200 the variants timed after a profiled one in
+    the same process ran 0.5-4 ms/step slower (compiled, host-sensitive ones; stock, GPU-bound, did not move)."""
+    run, _, _ = _build(name, batch, args, info, world)
+    run.repeat(1, args.warmup + args.first_warmup)  # compile and warm up, untimed
+    top: List[Tuple[str, float]] = []
+    syncs: List[Tuple[str, float, float]] = []
+    trace = os.path.join(args.out, f"trace_{name}_b{batch}_rank{dist.get_rank()}.json") if args.trace else None
+    gaps: Dict[str, Any] = {}
+    out = {"breakdown_ms_per_step": ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs, gaps=gaps),
+           "top_kernels_ms_per_step": top,
+           "host_syncs": syncs,  # (call <- python stack, calls per step, host ms per step)
+           "idle_gaps": gaps}
+    _free(run, info)
+    if info.is_main:
+        print(f"{name:>16} b{batch} profile: {out['breakdown_ms_per_step']['total GPU kernel time']:.3f} ms/step of "
+              f"kernels; idle {gaps['idle_ms_per_step']:.3f} ms/step ({gaps['gaps_per_step']:.0f} gaps): host "
+              f"{gaps['host_ms_per_step']:.3f}, device {gaps['device_ms_per_step']:.3f}; busy "
+              f"{gaps['busy_ms_per_step']:.3f}", flush=True)
+        for kind, label, t, n in gaps["top"][:10]:
+            print(f"  idle {kind} {t:.3f} ms/step x{n:.1f}: {label[:300]}", flush=True)
+        for call, n, t in syncs[:8]:
+            print(f"  sync {t:.3f} ms/step x{n:.1f}: {call[:400]}", flush=True)
+    return out
+
+
 def _finish(name: str, run: Any, overrides: List[str], built_s: float, ms: List[float], batch: int,
             args: argparse.Namespace, info: DistInfo, world: int, order: str) -> Dict[str, Any]:
     extra: Dict[str, Any] = {"overrides": overrides, "plan": run.plan_kernels, "last_loss": run.last_loss,
@@ -266,25 +321,8 @@ def _finish(name: str, run: Any, overrides: List[str], built_s: float, ms: List[
         extra["interaction_kt_pos"] = list(inter.inter_arch.kt_pos)
     if info.device.type == "cuda":
         extra["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(info.device) / 1e9, 2)
-    if name in (args.profile or []):
-        top: List[Tuple[str, float]] = []
-        syncs: List[Tuple[str, float, float]] = []
-        trace = os.path.join(args.out, f"trace_{name}_b{batch}_rank{dist.get_rank()}.json") if args.trace else None
-        extra["breakdown_ms_per_step"] = ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs)
-        extra["top_kernels_ms_per_step"] = top
-        extra["host_syncs"] = syncs  # (call <- python stack, calls per step, host ms per step)
-        if info.is_main:
-            for call, n, t in syncs[:8]:
-                print(f"  sync {t:.3f} ms/step x{n:.1f}: {call[:400]}", flush=True)
     row = ab.summarize(name, None, "-", ms, world, batch, extra)
-    run.close()
-    for attr in ("scheduler", "win"):
-        if hasattr(run, attr):
-            delattr(run, attr)
-    gc.collect()
-    if info.device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(info.device)
+    _free(run, info)
     if info.is_main:
         print(f"{name:>16} b{batch}: {row['ms_median']:.3f} ms/step ({row['ms_min']:.3f}-{row['ms_max']:.3f}), "
               f"{row['samples_per_s'] / 1e6:.3f} M samples/s, host {run.host_ms:.2f} ms/step, "
@@ -311,6 +349,20 @@ def run_alternating(names: List[str], batch: int, args: argparse.Namespace, info
             ms[n].append(built[n][0].repeat(args.steps, args.warmup))
     return [_finish(n, built[n][0], built[n][1], built[n][2], ms[n], batch, args, info, world, "alternating")
             for n in names]
+
+
+def _attach_profile(rows: List[Dict[str, Any]], name: str, batch: int, args: argparse.Namespace, info: DistInfo,
+                    world: int) -> List[Dict[str, Any]]:
+    """Profile ``name`` (:func:`profile_variant`) into its first timed row of this batch size; adds no row."""
+    try:
+        prof = profile_variant(name, batch, args, info, world)
+    except Exception as e:  # noqa: BLE001 - the timings already taken must still be written
+        prof = {"profile_error": f"{type(e).__name__}: {e}"[:2000]}
+    for r in rows:
+        if r["config"] == name and r["batch_per_rank"] == batch and "error" not in r:
+            r.update(prof)
+            break
+    return []
 
 
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
@@ -342,6 +394,13 @@ def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
             lines += [f"| {k} | {v:.3f} |" for k, v in r["breakdown_ms_per_step"].items()]
             lines += ["", "| largest kernels | ms/step |", "| --- | --- |"]
             lines += [f"| `{k}` | {v:.3f} |" for k, v in r.get("top_kernels_ms_per_step", [])]
+            g = r.get("idle_gaps") or {}
+            if g:
+                lines += ["", f"GPU idle: {g['idle_ms_per_step']:.3f} ms/step in {g['gaps_per_step']:.0f} gaps (host "
+                          f"{g['host_ms_per_step']:.3f}, device {g['device_ms_per_step']:.3f}; busy "
+                          f"{g['busy_ms_per_step']:.3f})", "", "| idle | cause | ms/step | gaps/step |",
+                          "| --- | --- | --- | --- |"]
+                lines += [f"| {kind} | `{label[:200]}` | {t:.3f} | {n:.1f} |" for kind, label, t, n in g["top"]]
     return "\n".join(lines) + "\n"
 
 
@@ -401,6 +460,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
         # --alternate times all variants as one unit; otherwise each variant is built, timed and freed in turn
         units = [lambda: run_alternating(list(args.variants), b, args, info, world)] if args.alternate else \
             [lambda v=v: [run_variant(v, b, args, info, world)] for v in variants]
+        # profiles run after every variant of this batch size was timed (see profile_variant)
+        units += [lambda v=v: _attach_profile(rows, v, b, args, info, world) for v in dict.fromkeys(args.profile)
+                  if v in variants]
         for unit in units:
             rows += unit()
             if info.is_main:  # after every unit, so a run cut short keeps what it measured

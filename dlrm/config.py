@@ -391,13 +391,30 @@ class PerfConfig:
             not fp32 (a dense optimizer would step fp16 weights).
         embedding_output_dtype: dtype of the pooled embeddings (TBE ``output_dtype`` fused param), and so of the
             output dist's all-to-all and the gradients sent back: ``fp32``, ``fp16`` or ``bf16``.
+        allreduce_dtype: precision of the DDP all-reduce of the dense gradients (and of data_parallel tables):
+            ``fp32`` (default, exact), ``bf16`` or ``fp16`` (TorchRec's ``DefaultDataParallelWrapper``
+            ``allreduce_comm_precision``: PyTorch's ``bf16_compress_hook`` / ``fp16_compress_hook`` cast each
+            gradient bucket, divided by the world size, to 16 bits, all-reduce it, and copy the sum back into the
+            fp32 gradient). Halves the all-reduce bytes; no effect on one rank (no hook is registered there).
+            bf16 needs CUDA and NCCL (refused on CPU); fp16 also runs on gloo.
+        tbe_bounds_check: FBGEMM's per-batch check of every id against its table's rows, a kernel of its own in
+            each lookup (``BoundsCheckMode``): ``warning`` (FBGEMM's default: an out-of-range id is looked up as
+            row 0 and a warning logged), ``fatal`` (the step fails) or ``none`` (no check: 0.2 ms less per step
+            at batch 32768 on an H200, docs/benchmarks.md). ``none`` relies on the ids being in range, which every
+            loader here guarantees before a batch is built: TSV categories are hashed modulo the table's rows,
+            binary days are range-checked on load, synthetic ids are drawn below the rows. Feed your own KJTs
+            with ``none`` only if they hold the same guarantee: an out-of-range id then reads or updates memory
+            outside the table.
         autocast: ``none``, ``bf16`` or ``fp16``: run the dense arch, the interaction (DCN) and the over arch
             under ``torch.autocast`` (weights stay fp32; the loss is computed in fp32 from fp32 logits).
         tf32: allow TF32 matrix products for fp32 work on CUDA (``torch.backends.cuda.matmul.allow_tf32``;
             MLPerf reference: on). Ignored on CPU.
-        compile: ``torch.compile`` the dense arch, the interaction and the over arch in place
-            (``nn.Module.compile``: parameter names and checkpoints are unchanged). The first steps and every new
-            batch size compile (tens of seconds).
+        compile: ``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph
+            (``dlrm.model.compile_dense``; the modules are not wrapped, so parameter names and checkpoints are
+            unchanged). The first steps and every new batch size compile (tens of seconds).
+        coordinate_descent_tuning: with ``compile``, Inductor's ``coordinate_descent_tuning`` (a process-wide
+            Inductor setting): the block sizes of the generated triton kernels are tuned while compiling, which
+            makes the first steps slower.
         compile_mode: ``torch.compile`` mode: ``default`` or ``max-autotune-no-cudagraphs``. The CUDA-graph
             modes (``reduce-overhead``, ``max-autotune``) are refused: on H200 the trainer's run with them failed at
             validation ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run": the
@@ -408,15 +425,20 @@ class PerfConfig:
     name: str = "fp32"
     embedding_dtype: str = "fp32"
     embedding_output_dtype: str = "fp32"
+    allreduce_dtype: str = "fp32"
+    tbe_bounds_check: str = "warning"
     autocast: str = "none"
     tf32: bool = True
     compile: bool = False
     compile_mode: str = "default"
+    coordinate_descent_tuning: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("embedding_dtype", "embedding_output_dtype"):
+        for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
             v = getattr(self, key)
             _check(v in ("fp32", "fp16", "bf16"), f"perf.{key}", f"got {v!r}; use fp32, fp16 or bf16")
+        _check(self.tbe_bounds_check in ("warning", "fatal", "none"), "perf.tbe_bounds_check",
+               f"got {self.tbe_bounds_check!r}; use warning, fatal or none")
         _check(self.autocast in ("none", "bf16", "fp16"), "perf.autocast",
                f"got {self.autocast!r}; use none, bf16 or fp16")
         _check(self.autocast == "none" or self.embedding_output_dtype in ("fp32", self.autocast),
@@ -430,6 +452,8 @@ class PerfConfig:
         _check(self.compile_mode in modes, "perf.compile_mode", f"got {self.compile_mode!r}; use one of {modes}")
         _check(self.compile or self.compile_mode == "default", "perf.compile_mode",
                f"{self.compile_mode} has no effect while perf.compile=false; add perf.compile=true")
+        _check(self.compile or not self.coordinate_descent_tuning, "perf.coordinate_descent_tuning",
+               "tunes compiled kernels and has no effect while perf.compile=false; add perf.compile=true")
 
 
 @dataclass

@@ -8,7 +8,9 @@ Every rank writes its own trace, ``trace_rank<r>.pt.trace.json``: a Chrome trace
 profiler plugin (``torch-tb-profiler``) lists it. Labelled ranges: ``## train_step N ##`` around each step; TorchRec's pipeline
 labels (``## start_sparse_data_dist ##`` / ``## wait_sparse_data_dist ##``: input dist, ``## forward ##``,
 ``## optimizer ##``, ``## zero_grad ##``); and, from forward hooks on the DLRM submodules,
-``## sparse_arch: lookup + output dist ##``, ``## dense_arch ##``, ``## inter_arch ##``, ``## over_arch ##``.
+``## sparse_arch: lookup + output dist ##``, ``## dense_arch ##``, ``## inter_arch ##``, ``## over_arch ##``
+(with ``perf.compile``, one ``## dense step (compiled): dense_arch + inter_arch + over_arch + loss ##`` instead of
+the last three, since they run as one compiled graph).
 Backward kernels (dense backward and the TBE backward with its fused optimizer) appear under autograd's own
 ``autograd::engine`` ranges of the step.
 
@@ -25,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 ARCHS = {"sparse_arch": "sparse_arch: lookup + output dist", "dense_arch": "dense_arch", "inter_arch": "inter_arch",
          "over_arch": "over_arch"}
+COMPILED_DENSE = "dense step (compiled): dense_arch + inter_arch + over_arch + loss"
 
 
 class StepProfiler:
@@ -45,6 +48,7 @@ class StepProfiler:
         self.prof: Optional[profile] = None
         self._hooks: List[Any] = []
         self._ranges: List[Any] = []
+        self._compiled: List[Any] = []  # train models whose compiled dense step is wrapped in a labelled range
         self.step_range: Optional[Any] = None
         if not enabled:
             return
@@ -58,12 +62,25 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self.prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=1, active=active, repeat=1),
                             on_trace_ready=on_ready, record_shapes=False)
+        # perf.compile runs the dense arch, interaction, over arch and loss as one compiled graph: hooks inside it
+        # would recompile the graph and their ranges would not show, so that graph gets one range around its call
+        self._compiled = [m for m in model.modules() if getattr(m, "compiled_step", None) is not None]
+        for m in self._compiled:
+            m.compiled_step = self._labelled(m.compiled_step, f"## {COMPILED_DENSE} ##")
         for name, module in model.named_modules():
             label = ARCHS.get(name.rsplit(".", 1)[-1])
-            if label is not None:
+            if label is not None and not (self._compiled and label != ARCHS["sparse_arch"]):
                 self._hooks.append(module.register_forward_pre_hook(self._enter(label)))
                 self._hooks.append(module.register_forward_hook(self._exit))
         self.prof.__enter__()
+
+    @staticmethod
+    def _labelled(fn: Any, label: str) -> Any:
+        def call(*args: Any) -> Any:
+            with record_function(label):
+                return fn(*args)
+        call.unlabelled = fn  # type: ignore[attr-defined]
+        return call
 
     def _enter(self, label: str) -> Any:
         def hook(module: torch.nn.Module, args: Any) -> None:
@@ -95,6 +112,9 @@ class StepProfiler:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for m in self._compiled:
+            m.compiled_step = m.compiled_step.unlabelled
+        self._compiled = []
         if self.prof is not None:
             self.prof.__exit__(None, None, None)
             self.prof = None

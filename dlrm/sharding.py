@@ -27,6 +27,7 @@ import torchrec.optim as trec_optim
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Stats
@@ -81,12 +82,19 @@ def sharders(fused_params: Optional[Dict[str, Any]] = None) -> List[Any]:
             for s in get_default_sharders()]
 
 
-def fused_params_of(embedding_output_dtype: str) -> Optional[Dict[str, Any]]:
-    """TBE fused params for ``perf.embedding_output_dtype`` (None for fp32, TorchRec's default)."""
+def fused_params_of(embedding_output_dtype: str, tbe_bounds_check: str = "warning") -> Optional[Dict[str, Any]]:
+    """TBE fused params for ``perf.embedding_output_dtype`` and ``perf.tbe_bounds_check`` (None when both are
+    TorchRec's defaults: fp32 output, FBGEMM's ``BoundsCheckMode.WARNING``)."""
     from fbgemm_gpu.split_embedding_configs import SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 
     dtypes = {"fp16": SparseType.FP16, "bf16": SparseType.BF16}
-    return {"output_dtype": dtypes[embedding_output_dtype]} if embedding_output_dtype in dtypes else None
+    params: Dict[str, Any] = {}
+    if embedding_output_dtype in dtypes:
+        params["output_dtype"] = dtypes[embedding_output_dtype]
+    if tbe_bounds_check != "warning":
+        params["bounds_check_mode"] = {"fatal": BoundsCheckMode.FATAL, "none": BoundsCheckMode.NONE}[tbe_bounds_check]
+    return params or None
 
 
 def _check_dtypes(pi: "PlanInfo", tables: Sequence[TableInfo]) -> "PlanInfo":
@@ -483,17 +491,23 @@ def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch
 def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: OptimizerConfig,
           batch_size: int, pooling_factors: Optional[Dict[str, float]] = None,
           constraint_hook: Optional[ConstraintHook] = None, fused_params: Optional[Dict[str, Any]] = None,
-          ) -> Tuple[DistributedModelParallel, ShardingPlan]:
+          allreduce_dtype: str = "fp32") -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners).
 
     ``fused_params`` go to the TBE kernels (e.g. ``{"output_dtype": SparseType.BF16}``, :func:`fused_params_of`).
+    ``allreduce_dtype`` (``perf.allreduce_dtype``): ``fp32``, or ``bf16`` / ``fp16`` for TorchRec's
+    ``DefaultDataParallelWrapper(allreduce_comm_precision=...)`` (a compress hook on the DDP all-reduce; none
+    on one rank).
 
     Returns ``(dmp, plan)``; the planner's estimates are on ``dmp.plan_info`` (:class:`PlanInfo`).
     """
     fuse_embedding_optimizer(model, opt)
     info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
+    # one rank has nothing to reduce: a compress hook there would only round the gradients
+    wrapper = DefaultDataParallelWrapper(allreduce_comm_precision=None if allreduce_dtype == "fp32"
+                                         or info.world_size == 1 else allreduce_dtype)
     dmp = DistributedModelParallel(module=model, device=info.device, plan=info_.plan,
-                                   sharders=sharders(fused_params))
+                                   sharders=sharders(fused_params), data_parallel_wrapper=wrapper)
     dmp.plan_info = info_  # type: ignore[attr-defined]
     return dmp, info_.plan
 

@@ -47,10 +47,14 @@ def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
     """Refuse ``perf.*`` settings this device cannot run, before any data is loaded.
 
     Raises:
-        ConfigError: bf16 table weights or pooled embeddings on CPU (FBGEMM's CPU TBE kernels have no bf16).
+        ConfigError: bf16 table weights or pooled embeddings on CPU (FBGEMM's CPU TBE kernels have no bf16); a
+            bf16 all-reduce on CPU (PyTorch's ``bf16_compress_hook`` needs CUDA and NCCL).
     """
     if device.type != "cpu":
         return
+    if perf.allreduce_dtype == "bf16":
+        raise ConfigError("config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
+                          "use fp16 or fp32 on CPU")
     for key in ("embedding_dtype", "embedding_output_dtype"):
         if getattr(perf, key) == "bf16":
             # fp16 pooled embeddings cannot meet bf16 autocast (PerfConfig), so name the one value that works then
@@ -100,9 +104,10 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
     tables = table_configs(cfg.model, perf.embedding_dtype)
     dmp, plan = shard(model, info, cfg.sharding, cfg.optimizer, batch_size, pooling,
                       constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
-                      fused_params=fused_params_of(perf.embedding_output_dtype))
+                      fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
+                      allreduce_dtype=perf.allreduce_dtype)
     if perf.compile:
-        compile_dense(dmp.module, perf.compile_mode)
+        compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning)
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)

@@ -127,18 +127,27 @@ def test_eval_split_smaller_than_world_size(tmp_path: Path) -> None:
     assert vals[-1]["val_samples"] == 1 and vals[-1]["val_auc"] is None  # one row: one class, AUC undefined
 
 
-def test_profile_writes_a_labelled_trace_of_the_chosen_steps(tmp_path: Path) -> None:
+DENSE_LABELS = ("## dense_arch ##", "## inter_arch ##", "## over_arch ##")
+COMPILED_LABEL = "## dense step (compiled): dense_arch + inter_arch + over_arch + loss ##"
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_profile_writes_a_labelled_trace_of_the_chosen_steps(tmp_path: Path, compiled: bool) -> None:
+    """Eager: one range per dense module. ``perf.compile``: the modules and the loss run as one compiled graph,
+    so one range around that graph instead (hooks inside it would not show)."""
     d = tmp_path / "run"
     p = run([sys.executable, "train.py", f"hydra.run.dir={d}", "profile=true", "profile_wait_steps=2",
              "profile_steps=3", "trainer.max_steps=8", "eval.every_n_steps=null", "data.num_train_samples=4096",
-             "data.num_val_samples=256", "data.num_test_samples=0", "logger.log_every_n_steps=4"])
+             "data.num_val_samples=256", "data.num_test_samples=0", "logger.log_every_n_steps=4"]
+            + (["perf.compile=true"] if compiled else []))
     assert p.returncode == 0, p.stdout + p.stderr
     trace = json.loads((d / "profile" / "trace_rank0.pt.trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
     # steps 1-2 wait, 3 warms up, 4-6 are recorded
     assert {n for n in names if n.startswith("## train_step")} == {f"## train_step {i} ##" for i in (4, 5, 6)}
-    for label in ("## sparse_arch: lookup + output dist ##", "## dense_arch ##", "## inter_arch ##",
-                  "## over_arch ##"):
-        assert label in names, label
+    assert "## sparse_arch: lookup + output dist ##" in names
+    for label in DENSE_LABELS:
+        assert (label in names) is not compiled, label
+    assert (COMPILED_LABEL in names) is compiled
     assert any(n.startswith("## start_sparse_data_dist") for n in names)  # TorchRec's input-dist range
     assert any(n.startswith("## optimizer") for n in names)
