@@ -549,3 +549,37 @@ def test_allreduce_dtype_sets_the_ddp_gradient_precision(dtype: str) -> None:
             expected = (g0.half() / 2 + g1.half() / 2).float()
             assert torch.equal(r["reduced"], expected)
             assert not torch.equal(r["reduced"], fp32_mean)
+
+
+# ------------------------------------------------------------------------------------------- TBE bounds check
+
+def _bounds_worker(rank: int, world: int, mode: str) -> str:
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from dlrm.dist import init_distributed
+    from dlrm.sharding import fused_params_of, shard
+
+    info = init_distributed("cpu")
+    cfg = to_config(compose(TINY + ["sharding=table_wise", f"perf.tbe_bounds_check={mode}"]))
+    model = build_model(cfg.model, dense_device=torch.device("cpu"))
+    dmp, _ = shard(model, info, cfg.sharding, cfg.optimizer, 4, {f"t_{f}": 1.0 for f in FEATURE_NAMES},
+                   fused_params=fused_params_of("fp32", cfg.perf.tbe_bounds_check))
+    values = torch.zeros(26 * 4, dtype=torch.long)
+    values[0] = 10 * ROWS  # out of range for table t_cat_0
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=FEATURE_NAMES, values=values,
+                                              lengths=torch.ones(26 * 4, dtype=torch.int32))
+    try:
+        loss, _ = dmp(Batch(dense_features=torch.rand(4, 13), sparse_features=kjt, labels=torch.zeros(4)))
+        return f"loss {float(loss):.4f}"
+    except RuntimeError as e:
+        return f"RuntimeError: {str(e).splitlines()[0]}"
+
+
+def test_tbe_bounds_check_on_an_out_of_range_id() -> None:
+    """``perf.tbe_bounds_check``: FBGEMM's default ``warning`` looks the bad id up as row 0 and the step goes on;
+    ``fatal`` fails the step. (``none``, which ``perf=fast`` uses, skips the check: only for in-range ids.)"""
+    warning = run_gloo(1, _bounds_worker, "warning")[0]
+    fatal = run_gloo(1, _bounds_worker, "fatal")[0]
+    assert warning.startswith("loss ") and 0.0 < float(warning.split()[1]) < 5.0, warning
+    assert fatal.startswith("RuntimeError: Expected idx < num_rows"), fatal
