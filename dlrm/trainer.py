@@ -191,10 +191,11 @@ class Trainer:
         log.info("model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
         p = cfg.perf
-        log.info("perf %s: tables %s, pooled embeddings %s, autocast %s, tf32 %s, compile %s", p.name,
-                 p.embedding_dtype, p.embedding_output_dtype, p.autocast,
+        log.info("perf %s: tables %s, pooled embeddings %s, autocast %s, tf32 %s, compile %s, TBE bounds check %s, "
+                 "all-reduce %s", p.name, p.embedding_dtype, p.embedding_output_dtype, p.autocast,
                  p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
-                 f"on (mode {p.compile_mode})" if p.compile else "off")
+                 f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''})"
+                 if p.compile else "off", p.tbe_bounds_check, p.allreduce_dtype)
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
