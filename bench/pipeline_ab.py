@@ -269,6 +269,23 @@ SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynch
                "aten::item")
 
 
+def _profile_steps(run: "Runner", steps: int, **profile_kwargs: Any) -> Any:
+    """``steps`` pipeline steps of ``run`` (with its per-step work) under ``torch.profiler.profile(**profile_kwargs)``,
+    after 3 untimed steps; the pipeline is drained afterwards. Returns the finished profiler."""
+    from torch.profiler import profile
+
+    it = itertools.islice(itertools.cycle(run.pool), steps + 8)
+    for _ in range(3):
+        run.pipe.progress(it)
+    sync(run.device)
+    with profile(**profile_kwargs) as prof:
+        for _ in range(steps):
+            run.after_step(run.pipe.progress(it))
+        sync(run.device)
+    drain(run.pipe, it)
+    return prof
+
+
 def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tuple[str, float]]] = None,
                          trace: Optional[str] = None, syncs: Optional[List[Tuple[str, float, float]]] = None,
                          gaps: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
@@ -281,18 +298,10 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
     host-blocking call (:data:`SYNC_EVENTS`) seen, the longest first. ``gaps`` (a dict): filled with
     :func:`idle_gaps` of ``steps`` more steps profiled with CUDA activity only (kernels and runtime calls; no
     CPU op or Python tracing, which would slow the host and starve the GPU)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    it = itertools.islice(itertools.cycle(run.pool), steps + 8)
-    for _ in range(3):
-        run.pipe.progress(it)
-    sync(run.device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=trace is not None
-                 or syncs is not None) as prof:
-        for _ in range(steps):
-            run.after_step(run.pipe.progress(it))
-        sync(run.device)
-    drain(run.pipe, it)
+    prof = _profile_steps(run, steps, activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                          with_stack=trace is not None or syncs is not None)
     if trace is not None:
         prof.export_chrome_trace(trace)
     if gaps is not None and run.device.type != "cuda":
@@ -300,15 +309,7 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
     elif gaps is not None:
         # a second run with CUDA activity only: CPU op and Python tracing slow the host enough to starve the GPU
         # (measured on H200: 12 ms idle in a 13.6 ms step with Python stacks), which would blame the host
-        it = itertools.islice(itertools.cycle(run.pool), steps + 8)
-        for _ in range(3):
-            run.pipe.progress(it)
-        sync(run.device)
-        with profile(activities=[ProfilerActivity.CUDA]) as cuda_prof:
-            for _ in range(steps):
-                run.after_step(run.pipe.progress(it))
-            sync(run.device)
-        drain(run.pipe, it)
+        cuda_prof = _profile_steps(run, steps, activities=[ProfilerActivity.CUDA])
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
             cuda_prof.export_chrome_trace(path)
@@ -344,8 +345,8 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-_BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-             "cudaMemcpyAsync")
+# the CUDA runtime calls among SYNC_EVENTS, and the copies that block the host (pageable memory)
+_BLOCKING = tuple(e for e in SYNC_EVENTS if e.startswith("cuda")) + ("cudaMemcpy", "cudaMemcpyAsync")
 
 
 def idle_gaps(trace: Dict[str, Any], steps: int, min_us: float = 2.0, top: int = 12) -> Dict[str, Any]:

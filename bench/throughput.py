@@ -40,7 +40,7 @@ failed and the others still run.
 Variants in ``PATCHES`` are A/B checks of a code change: their overrides, built with one piece of the trainer
 swapped (TorchRec's copying ``SparseArch``; torch.compile with CUDA graphs, which the
 config refuses for training runs; the feature reorder folded into the compiled interaction, a candidate for
-several ranks, measured slower; the dense modules compiled apart, as ``perf.compile`` did before it compiled them
+several ranks, not adopted; the dense modules compiled apart, as ``perf.compile`` did before it compiled them
 and the loss as one graph). Each row records what the patch changed (``sparse_arch_forward``,
 ``tbe_bounds_check_modes``, ``compiled``, ``interaction_kt_pos``).
 
@@ -76,7 +76,7 @@ import pipeline_ab as ab  # noqa: E402  (the stock runner, batch pool and timing
 
 from dlrm.config import compose, to_config  # noqa: E402
 from dlrm.dist import DistInfo, init_distributed  # noqa: E402
-from dlrm.model import ZeroCopySparseArch, _fx_tracing, compile_dense  # noqa: E402
+from dlrm.model import DENSE_MODULES, ZeroCopySparseArch, _fx_tracing, compile_dense  # noqa: E402
 from dlrm.trainer import _Window, build_training  # noqa: E402
 
 # The MLPerf DLRM-v2 model at the stock baseline's size (../shared/perf/baseline.md: tables capped at 4 M rows,
@@ -131,12 +131,13 @@ def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default
 
 
 def _fold_permute_forwards(net: torch.nn.Module) -> None:
-    """Candidate for several ranks, measured slower: the sparse arch always returns the pooled embeddings as a view
+    """Candidate for several ranks: the sparse arch always returns the pooled embeddings as a view
     in the sharded output's key order, and the interaction reorders them into feature order inside its own
     (compiled) concatenation with the dense features: one copy instead of two when the plan's order is not the
-    feature order (on 2 GPUs TorchRec's copy cost 0.49 ms/step). On 2x H200 it took 19.75 ms/step against 16.75
-    and 17.58 for ``perf=fast`` in the same run: the backward of the reordering slices compiles to a scatter into
-    zeros (0.55 ms) that costs more than the copy it saves (docs/benchmarks.md)."""
+    feature order (on 2 GPUs TorchRec's copy cost 0.49 ms/step). Not adopted: its profile on 2x H200 shows the
+    backward of the reordering slices compiled to a scatter into zeros (0.55 ms) that costs more than the copy it
+    saves; its one step time (19.75 ms against 16.75 for ``perf=fast``) ran after a profile in the same process,
+    so it is not a clean figure (docs/benchmarks.md)."""
     sparse_arch, inter_arch = net.sparse_arch, net.inter_arch
     inter_arch.kt_pos = tuple(range(inter_arch.F))  # kt_pos[f]: where feature f sits in the sparse arch's output
 
@@ -177,7 +178,7 @@ def _compile_modules_apart(train_model: torch.nn.Module, mode: str = "default",
 
     torch._dynamo.config.error_on_nested_fx_trace = False
     done = []
-    for name in ("dense_arch", "inter_arch", "over_arch"):
+    for name in DENSE_MODULES:
         getattr(train_model.model, name).compile(mode=None if mode == "default" else mode)
         done.append(f"model.{name}")
     train_model.compiled_parts = done

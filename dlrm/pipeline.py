@@ -8,8 +8,9 @@ The pipelines are TorchRec's, used as they are:
 * ``fused_sparse_dist``: ``TrainPipelineFusedSparseDist``: as ``sparse_dist``, and batch i+1's embedding lookup
   and output dist are issued on the data-dist stream before its forward, so on the GPU they overlap batch i's
   dense optimizer step. Same numerics: the fused TBE has already updated the tables in backward, and the lookup
-  does not read the dense weights. CUDA only; measured 2.4 ms/step slower than ``sparse_dist`` with
-  ``perf=fast`` on an H200 (docs/benchmarks.md), where the dense optimizer step it hides is 0.13 ms.
+  does not read the dense weights. CUDA only. The dense optimizer step it can hide is 0.13 ms with ``perf=fast``
+  on an H200; its one step time there (2.4 ms/step slower than ``sparse_dist``) ran after a profile in the same
+  process, so it is not a clean figure (docs/benchmarks.md).
 * ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
   ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
