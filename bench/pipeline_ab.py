@@ -46,6 +46,7 @@ import gc
 import itertools
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -288,16 +289,20 @@ def _profile_steps(run: "Runner", steps: int, **profile_kwargs: Any) -> Any:
 
 def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tuple[str, float]]] = None,
                          trace: Optional[str] = None, syncs: Optional[List[Tuple[str, float, float]]] = None,
-                         gaps: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
+                         gaps: Optional[Dict[str, Any]] = None, host: Optional[Dict[str, Any]] = None
+                         ) -> Dict[str, float]:
     """CUDA kernel time per step (ms) by :data:`CATEGORIES` over ``steps`` profiled steps of ``run``; with
     ``top`` (a list), also appends the 25 largest kernels as ``(name, ms per step)``.
 
     Kernels on different streams overlap, so the categories can add up to more than the step time; NCCL kernel
-    time includes waiting for the slower rank. ``trace``: also write a Chrome trace (with Python stacks) there.
+    time includes waiting for the slower rank. ``trace``: also write a Chrome trace (with Python stacks) there, and with ``gaps`` the CUDA-only one beside it
+    (``*_cuda_only.json``).
     ``syncs``: appends ``(host call and the Python frames above it, calls per step, host ms per step)`` for every
     host-blocking call (:data:`SYNC_EVENTS`) seen, the longest first. ``gaps`` (a dict): filled with
     :func:`idle_gaps` of ``steps`` more steps profiled with CUDA activity only (kernels and runtime calls; no
-    CPU op or Python tracing, which would slow the host and starve the GPU)."""
+    CPU op or Python tracing, which would slow the host and starve the GPU). ``host`` (a dict): filled with
+    :func:`host_time` of the profiled steps (host ms per step in the pipeline's ``## ... ##`` ranges and the
+    ops with the most host time of their own; CPU op tracing inflates both, so read them as shares)."""
     from torch.profiler import ProfilerActivity
 
     prof = _profile_steps(run, steps, activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
@@ -311,10 +316,12 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
         # (measured on H200: 12 ms idle in a 13.6 ms step with Python stacks), which would blame the host
         cuda_prof = _profile_steps(run, steps, activities=[ProfilerActivity.CUDA])
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.json")
-            cuda_prof.export_chrome_trace(path)
+            path = os.path.join(tmp, "trace.json") if trace is None else trace.replace(".json", "_cuda_only.json")
+            cuda_prof.export_chrome_trace(path)  # with ``trace``: kept beside it (the undisturbed device timeline)
             with open(path, encoding="utf-8") as f:
                 gaps.update(idle_gaps(json.load(f), steps))
+    if host is not None:
+        host.update(host_time(prof, steps))
     if syncs is not None:
         found = [(f"{ev.key} <- {' <- '.join(fr for fr in ev.stack if 'nn/modules/module.py' not in fr)[:600]}",
                   ev.count / steps, ev.cpu_time_total / 1000.0 / steps)
@@ -341,6 +348,28 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
     out = {k: v / 1000.0 / steps for k, v in cats.items()}
     out["total GPU kernel time"] = total / 1000.0 / steps
     return out
+
+
+def host_time(prof: Any, steps: int, top: int = 25) -> Dict[str, Any]:
+    """Where the host's time per step goes in a finished CPU-activity profile of ``steps`` steps:
+    ``ranges``: ``[(range, host ms per step, calls per step)]`` for the ``## ... ##`` ranges (TorchRec's pipeline
+    stages and this repo's labels; batch numbers stripped, so one row per stage), longest first; ``self_ops``: the
+    ``top`` CPU ops by host time of their own (not counting their children), ``[(op, ms per step, calls per
+    step)]``."""
+    ranges: Dict[str, List[float]] = {}
+    own: List[Tuple[str, float, float]] = []
+    for ev in prof.key_averages():
+        if ev.device_type.name != "CPU":
+            continue
+        if ev.key.startswith("## "):
+            name = re.sub(r" \d+ ##$", " ##", ev.key)
+            acc = ranges.setdefault(name, [0.0, 0.0])
+            acc[0] += ev.cpu_time_total / 1000.0 / steps
+            acc[1] += ev.count / steps
+        else:
+            own.append((ev.key, ev.self_cpu_time_total / 1000.0 / steps, ev.count / steps))
+    return {"ranges": sorted([(k, v[0], v[1]) for k, v in ranges.items()], key=lambda x: -x[1]),
+            "self_ops": sorted(own, key=lambda x: -x[1])[:top]}
 
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -38,11 +38,11 @@ waiting on another stream). A variant that fails (say, a compile mode) is report
 failed and the others still run.
 
 Variants in ``PATCHES`` are A/B checks of a code change: their overrides, built with one piece of the trainer
-swapped (TorchRec's copying ``SparseArch``; torch.compile with CUDA graphs, which the
-config refuses for training runs; the feature reorder folded into the compiled interaction, a candidate for
-several ranks, not adopted; the dense modules compiled apart, as ``perf.compile`` did before it compiled them
-and the loss as one graph). Each row records what the patch changed (``sparse_arch_forward``,
-``tbe_bounds_check_modes``, ``compiled``, ``interaction_kt_pos``).
+swapped (TorchRec's copying ``SparseArch``, outside the compiled step: on several ranks what the trainer did
+before it reordered the pooled embeddings inside the compiled dense step; torch.compile with CUDA graphs, which
+the config refuses for training runs; the dense modules compiled apart, as ``perf.compile`` did before it compiled
+them and the loss as one graph). Each row records what the patch changed (``sparse_arch_forward``,
+``tbe_bounds_check_modes``, ``compiled``).
 
 ``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Measured on H200:
 two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``, the
@@ -76,7 +76,7 @@ import pipeline_ab as ab  # noqa: E402  (the stock runner, batch pool and timing
 
 from dlrm.config import compose, to_config  # noqa: E402
 from dlrm.dist import DistInfo, init_distributed  # noqa: E402
-from dlrm.model import DENSE_MODULES, ZeroCopySparseArch, _fx_tracing, compile_dense  # noqa: E402
+from dlrm.model import DENSE_MODULES, ZeroCopySparseArch, compile_dense  # noqa: E402
 from dlrm.trainer import _Window, build_training  # noqa: E402
 
 # The MLPerf DLRM-v2 model at the stock baseline's size (../shared/perf/baseline.md: tables capped at 4 M rows,
@@ -105,22 +105,35 @@ LEVERS: Dict[str, List[str]] = {
     "fast_cudagraphs_dedicated": ["perf=fast", "pipeline.input_dist_group=dedicated"],  # patched, as above
     # A/B of code changes: built with a patch (PATCHES below)
     "fast_sparsearch_copy": ["perf=fast"],
-    "fast_fold_permute": ["perf=fast"],
     "fast_ar_bf16": ["perf=fast", "perf.allreduce_dtype=bf16"],
     "fast_bounds_check": ["perf=fast", "perf.tbe_bounds_check=warning"],  # FBGEMM's default check, on
     "fast_modules_apart": ["perf=fast"],  # patched: three compiled modules, the loss eager (before session 4)
     "fast_coordinate_descent": ["perf=fast", "perf.coordinate_descent_tuning=true"],
+    "fast_ar_group": ["perf=fast", "perf.allreduce_group=dedicated"],
+    "fast_ar_group_ctas2": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=2"],
+    "fast_ar_group_ctas4": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"],
+    "fast_ar_group_ctas8": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=8"],
+    "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated", "perf.allreduce_group=dedicated"],
+    "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
+    "fast_semi_sync_ar_group": ["perf=fast", "pipeline=semi_sync", "perf.allreduce_group=dedicated"],
 }
 
 
 def _torchrec_sparse_arch(built: Any) -> None:
-    """TorchRec's ``SparseArch.forward`` (a copy of the pooled embeddings into feature order) in place of
-    ``ZeroCopySparseArch``'s view."""
+    """TorchRec's ``SparseArch.forward`` (a copy of the pooled embeddings into feature order, outside the compiled
+    dense step) in place of ``ZeroCopySparseArch``'s view (one rank) or its reorder inside the dense step (several
+    ranks, whose pooled output comes rank by rank)."""
     from torchrec.models.dlrm import SparseArch
 
     arch = built.model.module.model.sparse_arch
     assert isinstance(arch, ZeroCopySparseArch), type(arch)
-    arch.forward = types.MethodType(SparseArch.forward, arch)
+
+    def torchrec_forward(self: Any, features: Any, in_key_order: bool = False) -> Any:
+        out = SparseArch.forward(self, features)
+        return (out, None) if in_key_order else out
+
+    torchrec_forward.__qualname__ = "SparseArch.forward"
+    arch.forward = types.MethodType(torchrec_forward, arch)
 
 
 def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default",
@@ -128,45 +141,6 @@ def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default
     """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it, because the
     trainer's validation failed with it; the training step alone, which is what is timed here, runs."""
     return compile_dense(train_model, "reduce-overhead", coordinate_descent_tuning)
-
-
-def _fold_permute_forwards(net: torch.nn.Module) -> None:
-    """Candidate for several ranks: the sparse arch always returns the pooled embeddings as a view
-    in the sharded output's key order, and the interaction reorders them into feature order inside its own
-    (compiled) concatenation with the dense features: one copy instead of two when the plan's order is not the
-    feature order (on 2 GPUs TorchRec's copy cost 0.49 ms/step). Not adopted: its profile on 2x H200 shows the
-    backward of the reordering slices compiled to a scatter into zeros (0.55 ms) that costs more than the copy it
-    saves; its one step time (19.75 ms against 16.75 for ``perf=fast``) ran after a profile in the same process,
-    so it is not a clean figure (docs/benchmarks.md)."""
-    sparse_arch, inter_arch = net.sparse_arch, net.inter_arch
-    inter_arch.kt_pos = tuple(range(inter_arch.F))  # kt_pos[f]: where feature f sits in the sparse arch's output
-
-    def sparse_forward(self: Any, features: Any) -> torch.Tensor:
-        if _fx_tracing():
-            return type(self).forward(self, features)
-        kt = self.embedding_bag_collection(features)
-        keys = kt.keys()
-        if sorted(keys) != sorted(self.sparse_feature_names) or any(d != self.D for d in kt.length_per_key()):
-            return type(self).forward(self, features)  # not one dim-D block per feature: TorchRec's path
-        pos = tuple(keys.index(n) for n in self.sparse_feature_names)
-        if pos != inter_arch.kt_pos:
-            inter_arch.kt_pos = pos  # set once, before the compiled interaction first runs with this order
-        return kt.values().reshape(-1, self.F, self.D)
-
-    def inter_forward(self: Any, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
-        b = dense_features.shape[0]
-        parts = [dense_features.unsqueeze(1)] + [sparse_features[:, p:p + 1] for p in self.kt_pos]
-        return self.crossnet(torch.cat(parts, dim=1).reshape([b, -1]))
-
-    sparse_arch.forward = types.MethodType(sparse_forward, sparse_arch)
-    inter_arch.forward = types.MethodType(inter_forward, inter_arch)
-
-
-def _compile_folding_permute(train_model: torch.nn.Module, mode: str = "default",
-                             coordinate_descent_tuning: bool = False) -> List[str]:
-    """``compile_dense`` after :func:`_fold_permute_forwards` (so the reorder is inside the compiled interaction)."""
-    _fold_permute_forwards(train_model.model)
-    return compile_dense(train_model, mode, coordinate_descent_tuning)
 
 
 def _compile_modules_apart(train_model: torch.nn.Module, mode: str = "default",
@@ -189,7 +163,6 @@ def _compile_modules_apart(train_model: torch.nn.Module, mode: str = "default",
 PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_sparsearch_copy": ({}, _torchrec_sparse_arch),
     "fast_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
-    "fast_fold_permute": ({"dlrm.trainer:compile_dense": _compile_folding_permute}, None),
     "fast_modules_apart": ({"dlrm.trainer:compile_dense": _compile_modules_apart}, None),
     "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
 }
@@ -294,7 +267,10 @@ def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistI
     syncs: List[Tuple[str, float, float]] = []
     trace = os.path.join(args.out, f"trace_{name}_b{batch}_rank{dist.get_rank()}.json") if args.trace else None
     gaps: Dict[str, Any] = {}
-    out = {"breakdown_ms_per_step": ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs, gaps=gaps),
+    host: Dict[str, Any] = {}
+    out = {"breakdown_ms_per_step": ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs, gaps=gaps,
+                                                            host=host),
+           "host_time": host,
            "top_kernels_ms_per_step": top,
            "host_syncs": syncs,  # (call <- python stack, calls per step, host ms per step)
            "idle_gaps": gaps}
@@ -308,6 +284,10 @@ def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistI
             print(f"  idle {kind} {t:.3f} ms/step x{n:.1f}: {label[:300]}", flush=True)
         for call, n, t in syncs[:8]:
             print(f"  sync {t:.3f} ms/step x{n:.1f}: {call[:400]}", flush=True)
+        for name, t, n in host.get("ranges", [])[:12]:
+            print(f"  host range {t:.3f} ms/step x{n:.1f}: {name}", flush=True)
+        for name, t, n in host.get("self_ops", [])[:15]:
+            print(f"  host op {t:.3f} ms/step x{n:.1f}: {name[:120]}", flush=True)
     return out
 
 
@@ -317,9 +297,6 @@ def _finish(name: str, run: Any, overrides: List[str], built_s: float, ms: List[
                              "host_ms_per_step": round(run.host_ms, 3),
                              **getattr(run, "applied", {}),
                              "build_s": round(built_s, 1), "order": order}
-    inter = getattr(getattr(getattr(run, "model", None), "module", None), "model", None)
-    if inter is not None and hasattr(inter.inter_arch, "kt_pos"):  # fast_fold_permute: the order it reordered from
-        extra["interaction_kt_pos"] = list(inter.inter_arch.kt_pos)
     if info.device.type == "cuda":
         extra["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(info.device) / 1e9, 2)
     row = ab.summarize(name, None, "-", ms, world, batch, extra)

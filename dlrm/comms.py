@@ -1,4 +1,5 @@
-"""A dedicated process group for the KJT input dist (``pipeline.input_dist_group=dedicated``).
+"""Dedicated process groups: one for the KJT input dist (``pipeline.input_dist_group=dedicated``), one for the DDP
+all-reduce of the dense gradients (``perf.allreduce_group=dedicated``).
 
 Why: in a pipelined step the next batch's input dist (the all-to-alls that send each rank the ids of the tables
 it owns: splits, lengths, values, weights) is issued on the data-dist stream while this step's output-dist
@@ -34,39 +35,100 @@ Usage (what :func:`dlrm.pipeline.build_pipeline` does)::
 
     model = DistributedModelParallel(...)
     use_group_for_input_dist(model, input_dist_group())
+
+The DDP all-reduce (``perf.allreduce_group=dedicated``, :class:`DedicatedGroupDataParallelWrapper`): the dense
+step's backward hands every dense gradient to DDP at once (the compiled dense step is one autograd node), and
+autograd then runs the gradient accumulators, so DDP issues its all-reduces *before* the backward all-to-all of
+the pooled embeddings. On one communicator that all-to-all, and the TBE backward behind it, wait for the whole
+all-reduce. On a group of its own the all-reduce runs beside the all-to-all and the TBE backward. TorchRec's
+``DefaultDataParallelWrapper`` takes the group from the ``ShardingEnv`` (the same group the sharded modules use),
+so the wrapper hands it a copy of the env that names the dedicated group; nothing else changes.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+import copy
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
 from torchrec.distributed.dist_data import KJTAllToAll
-from torchrec.distributed.types import ShardedModule
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+from torchrec.distributed.types import ShardedModule, ShardingEnv
 
-_GROUP: Optional[dist.ProcessGroup] = None
-_GROUP_PARENT: Optional[dist.ProcessGroup] = None
+# (purpose, NCCL max CTAs) -> (group, the default group it was made under)
+_GROUPS: Dict[Tuple[str, Optional[int]], Tuple[dist.ProcessGroup, dist.ProcessGroup]] = {}
 _HOOK_ATTR = "_dlrm_input_dist_group"
 # the private TorchRec names this module relies on (see the module docstring)
 PRIVATE_NAMES = ("ShardedModule._create_input_dist", "ShardedModule._input_dists", "KJTAllToAll._pg")
 
 
+def _dedicated_group(purpose: str, max_ctas: Optional[int] = None) -> dist.ProcessGroup:
+    """One extra group per ``purpose`` (and NCCL thread-block cap): all ranks of the default group, its backend;
+    created on the first call (collective: every rank must call it, at the same point) and reused afterwards.
+
+    Raises:
+        RuntimeError: no default process group; ``max_ctas`` with a backend other than NCCL.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError(f"a dedicated {purpose} process group needs an initialised default process group")
+    world = dist.group.WORLD
+    key = (purpose, max_ctas)
+    have = _GROUPS.get(key)
+    if have is None or have[1] is not world:  # a new default group (tests re-initialise) needs a new one
+        backend = dist.get_backend()
+        options = None
+        if max_ctas is not None:
+            if backend != "nccl":
+                raise RuntimeError(f"a cap on NCCL thread blocks needs the nccl backend, not {backend}")
+            options = dist.ProcessGroupNCCL.Options()
+            options.config.max_ctas = max_ctas
+        _GROUPS[key] = (dist.new_group(backend=backend, pg_options=options), world)
+    return _GROUPS[key][0]
+
+
 def input_dist_group() -> dist.ProcessGroup:
-    """The dedicated input-dist group: all ranks of the default group, its backend; created on the first call
-    (collective: every rank must call it, at the same point) and reused afterwards.
+    """The dedicated input-dist group (``pipeline.input_dist_group=dedicated``): all ranks of the default group,
+    its backend; created on the first call (collective: every rank must call it, at the same point) and reused.
 
     Raises:
         RuntimeError: the default process group is not initialised.
     """
-    global _GROUP, _GROUP_PARENT
-    if not dist.is_initialized():
-        raise RuntimeError("pipeline.input_dist_group=dedicated needs an initialised default process group")
-    world = dist.group.WORLD
-    if _GROUP is None or _GROUP_PARENT is not world:  # a new default group (tests re-initialise) needs a new one
-        _GROUP = dist.new_group(backend=dist.get_backend())
-        _GROUP_PARENT = world
-    return _GROUP
+    return _dedicated_group("input_dist")
+
+
+def allreduce_group(max_ctas: Optional[int] = None) -> dist.ProcessGroup:
+    """The dedicated group of the DDP all-reduce (``perf.allreduce_group=dedicated``); as :func:`input_dist_group`,
+    a group of its own (so its own NCCL communicator and stream). ``max_ctas`` (``perf.allreduce_max_ctas``):
+    the most thread blocks its NCCL kernels may use (NCCL ``maxCTAs``), None for NCCL's choice.
+
+    Raises:
+        RuntimeError: the default process group is not initialised; ``max_ctas`` off NCCL.
+    """
+    return _dedicated_group("allreduce", max_ctas)
+
+
+class DedicatedGroupDataParallelWrapper(DefaultDataParallelWrapper):
+    """TorchRec's ``DefaultDataParallelWrapper`` (DDP over every unsharded parameter, optional compress hook) with
+    the all-reduce on ``group`` instead of the sharding env's group (``perf.allreduce_group=dedicated``; why: the
+    module docstring).
+
+    Args:
+        group: a process group over the same ranks as the sharding env's (:func:`allreduce_group`).
+        allreduce_comm_precision: as TorchRec's (``None``, ``"fp16"``, ``"bf16"``).
+    """
+
+    def __init__(self, group: dist.ProcessGroup, allreduce_comm_precision: Any = None) -> None:
+        super().__init__(allreduce_comm_precision=allreduce_comm_precision)
+        self.group = group
+
+    def _ddp_wrap(self, dmp: Any, env: ShardingEnv, device: torch.device, ddp_ignore_param_names: Set[str]) -> None:
+        if dist.get_process_group_ranks(self.group) != dist.get_process_group_ranks(env.process_group):
+            raise NotImplementedError("perf.allreduce_group=dedicated supports DDP over all ranks of the sharding "
+                                      "env only (no 2D parallel); use perf.allreduce_group=shared")
+        own = copy.copy(env)
+        own.process_group = self.group
+        super()._ddp_wrap(dmp, own, device, ddp_ignore_param_names)
 
 
 def _check_private_api(name: str, module: torch.nn.Module) -> None:

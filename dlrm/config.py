@@ -357,22 +357,30 @@ class PipelineConfig:
         name: ``sparse_dist`` (TorchRec ``TrainPipelineSparseDist``: batch i+1's host-to-device copy and KJT
             input dist overlap batch i), ``fused_sparse_dist`` (``TrainPipelineFusedSparseDist``: also starts batch
             i+1's embedding lookup and output dist while batch i's dense optimizer steps; same numerics; needs
-            CUDA), ``prefetch`` (``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
+            CUDA), ``semi_sync`` (``TrainPipelineSemiSync``: batch i+1's lookup and output-dist all-to-all run
+            beside batch i's dense backward; each lookup reads the tables one update stale; needs CUDA),
+            ``prefetch`` (``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
             ``fused_uvm_caching`` HBM cache on its own stream; needs CUDA) or ``base`` (``TrainPipelineBase``: no
             overlap, for debugging).
         input_dist_group: ``shared`` sends the input dist's all-to-alls on the default process group;
             ``dedicated`` on one extra group over the same ranks created at start-up (its own NCCL communicator and
             stream, so the next batch's keys do not queue behind this step's output dist, backward all-to-all and
             DDP all-reduce; ``dlrm/comms.py``).
+        semi_sync_start_batch: with ``semi_sync``, the batch (counted from the pipeline's start, 0-based) from
+            which lookups run ahead; the batches before it train synchronously, each ending with a device
+            synchronize (TorchRec's ``start_batch``; TorchRec's default is 900, to let early training settle).
     """
 
     name: str = "sparse_dist"
     input_dist_group: str = "shared"
+    semi_sync_start_batch: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.name in ("sparse_dist", "fused_sparse_dist", "prefetch", "base"), "pipeline.name",
-               f"got {self.name!r}; use sparse_dist, fused_sparse_dist (CUDA), prefetch (uvm caching, CUDA) or base "
-               "(plain loop, no overlap, for debugging)")
+        _check(self.name in ("sparse_dist", "fused_sparse_dist", "semi_sync", "prefetch", "base"), "pipeline.name",
+               f"got {self.name!r}; use sparse_dist, fused_sparse_dist (CUDA), semi_sync (CUDA), prefetch (uvm "
+               "caching, CUDA) or base (plain loop, no overlap, for debugging)")
+        _check(self.semi_sync_start_batch >= 0, "pipeline.semi_sync_start_batch",
+               f"got {self.semi_sync_start_batch}; use a batch index >= 0")
         _check(self.input_dist_group in ("shared", "dedicated"), "pipeline.input_dist_group",
                f"got {self.input_dist_group!r}; use shared or dedicated")
 
@@ -397,6 +405,15 @@ class PerfConfig:
             gradient bucket, divided by the world size, to 16 bits, all-reduce it, and copy the sum back into the
             fp32 gradient). Halves the all-reduce bytes; no effect on one rank (no hook is registered there).
             bf16 needs CUDA and NCCL (refused on CPU); fp16 also runs on gloo.
+        allreduce_group: ``shared`` (default: DDP all-reduces on the default process group, the one the sharded
+            modules' all-to-alls use) or ``dedicated`` (one extra process group over the same ranks, created at
+            start-up: its own NCCL communicator and stream, so the backward all-to-all of the pooled embeddings and
+            the TBE backward do not wait behind the all-reduce; ``dlrm/comms.py``). Same numerics. No effect on one
+            rank. Not faster with ``perf=fast`` on 2x H200 (docs/benchmarks.md).
+        allreduce_max_ctas: with ``allreduce_group=dedicated``, the most CUDA thread blocks (SMs) NCCL may use for
+            that group's all-reduce (NCCL ``ncclConfig_t.maxCTAs``); null: NCCL's choice. Fewer leave more SMs to
+            the backward all-to-all and the TBE backward running beside it; the all-reduce then takes longer.
+            NCCL only (refused on CPU).
         tbe_bounds_check: FBGEMM's per-batch check of every id against its table's rows, a kernel of its own in
             each lookup (``BoundsCheckMode``): ``warning`` (FBGEMM's default: an out-of-range id is looked up as
             row 0 and a warning logged), ``fatal`` (the step fails) or ``none`` (no check: 0.2 ms less per step
@@ -426,6 +443,8 @@ class PerfConfig:
     embedding_dtype: str = "fp32"
     embedding_output_dtype: str = "fp32"
     allreduce_dtype: str = "fp32"
+    allreduce_group: str = "shared"
+    allreduce_max_ctas: Optional[int] = None
     tbe_bounds_check: str = "warning"
     autocast: str = "none"
     tf32: bool = True
@@ -437,6 +456,13 @@ class PerfConfig:
         for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
             v = getattr(self, key)
             _check(v in ("fp32", "fp16", "bf16"), f"perf.{key}", f"got {v!r}; use fp32, fp16 or bf16")
+        _check(self.allreduce_group in ("shared", "dedicated"), "perf.allreduce_group",
+               f"got {self.allreduce_group!r}; use shared or dedicated")
+        _check(self.allreduce_max_ctas is None or self.allreduce_max_ctas >= 1, "perf.allreduce_max_ctas",
+               f"got {self.allreduce_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice")
+        _check(self.allreduce_max_ctas is None or self.allreduce_group == "dedicated", "perf.allreduce_max_ctas",
+               "sets the dedicated all-reduce group's NCCL communicator and has no effect while "
+               "perf.allreduce_group=shared; add perf.allreduce_group=dedicated")
         _check(self.tbe_bounds_check in ("warning", "fatal", "none"), "perf.tbe_bounds_check",
                f"got {self.tbe_bounds_check!r}; use warning, fatal or none")
         _check(self.autocast in ("none", "bf16", "fp16"), "perf.autocast",

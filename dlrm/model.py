@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 from torchrec import EmbeddingBagCollection
@@ -51,34 +51,82 @@ def _fx_tracing() -> bool:
     return getattr(fx, "is_fx_symbolic_tracing", fx.is_fx_tracing)()
 
 
+FeatureOrder = Tuple[torch.Tensor, torch.Tensor]  # (pos, inv): int64 [F] each, on the embeddings' device
+
+
+class _ToFeatureOrder(torch.autograd.Function):
+    """``values[:, pos]`` with the backward as a gather too (``grad[:, inv]``), not autograd's default
+    ``index_add`` into zeros: under torch.compile a scatter of slices cost 0.55 ms per step on 2x H200, a gather
+    fuses into the kernels around it (docs/benchmarks.md)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inv)
+        return values.index_select(1, pos)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None]:
+        (inv,) = ctx.saved_tensors
+        return grad.index_select(1, inv), None, None
+
+
+def to_feature_order(values: torch.Tensor, order: Optional[FeatureOrder]) -> torch.Tensor:
+    """Pooled embeddings ``[B, F, D]`` in a sharded output's key order -> feature order (``order`` from
+    :meth:`ZeroCopySparseArch.forward` with ``in_key_order=True``; None: already in feature order, returned
+    as is)."""
+    return values if order is None else _ToFeatureOrder.apply(values, order[0], order[1])
+
+
 class ZeroCopySparseArch(SparseArch):
     """TorchRec's ``SparseArch`` without its copy of the pooled embeddings.
 
     ``SparseArch.forward`` splits the ``KeyedTensor`` of pooled embeddings into one tensor per feature and
     concatenates them again in feature order: a full copy of ``[B, F * D]`` forward and another in backward
-    (0.5 ms per step at batch 32768 on an H200: docs/benchmarks.md). When the ``KeyedTensor``'s keys are already
-    the features in order, all of dim ``D`` (the EmbeddingBagCollection's and its sharded version's output), its
-    values are that tensor, so this returns a view. Any other key order or dim takes TorchRec's path. While
+    (0.5 ms per step at batch 32768 on an H200: docs/benchmarks.md). When the ``KeyedTensor``'s keys are the
+    features, each of dim ``D`` (the EmbeddingBagCollection's and its sharded version's output), its values are
+    that tensor: in feature order it is returned as a view. In another order (a plan over several ranks returns
+    the features rank by rank) ``forward`` reorders them with one gather, or, with ``in_key_order=True``, returns
+    the view and the order, so that :class:`DLRMTrainAutocast` can reorder inside its (compiled) dense step, where
+    the gather fuses into the interaction's concatenation. Keys of any other dim take TorchRec's path. While
     TorchRec's pipeline fx-traces the model (inputs are proxies, so the keys cannot be compared), TorchRec's path
     is traced too.
 
     Returns:
-        ``[B, F, D]`` pooled embeddings (the TBE output dtype: ``perf.embedding_output_dtype``).
+        ``[B, F, D]`` pooled embeddings in feature order (the TBE output dtype: ``perf.embedding_output_dtype``),
+        or with ``in_key_order=True`` ``(values [B, F, D] in the KeyedTensor's key order, order)`` where
+        ``order`` is None (already feature order) or ``(pos, inv)`` for :func:`to_feature_order`.
     """
 
-    def forward(self, features):  # noqa: ANN001, ANN201 - KeyedJaggedTensor -> Tensor, as SparseArch
+    def forward(self, features, in_key_order: bool = False):  # noqa: ANN001, ANN201 - KJT -> Tensor, as SparseArch
         if _fx_tracing():
-            return super().forward(features)
+            out = super().forward(features)
+            return (out, None) if in_key_order else out
         kt = self.embedding_bag_collection(features)
-        view = kt.keys() == self.sparse_feature_names and all(d == self.D for d in kt.length_per_key())
+        keys = kt.keys()
+        same_dims = all(d == self.D for d in kt.length_per_key())
+        if same_dims and keys == self.sparse_feature_names:
+            values, order, how = kt.values().reshape(-1, self.F, self.D), None, "in place (no copy)"
+        elif same_dims and sorted(keys) == sorted(self.sparse_feature_names):
+            values, order = kt.values().reshape(-1, self.F, self.D), self._order(tuple(keys), kt.values().device)
+            how = (f"in the plan's key order ({', '.join(keys[:3])}, ...), reordered " +
+                   ("inside the dense step" if in_key_order else "by one gather"))
+        else:
+            sparse = kt.to_dict()
+            values = torch.cat([sparse[n] for n in self.sparse_feature_names], dim=1).reshape(-1, self.F, self.D)
+            order, how = None, f"after TorchRec's copy into feature order (output keys {keys[:4]}...)"
         if not getattr(self, "_path_logged", False):
             self._path_logged = True
-            log.info("sparse arch: pooled embeddings used %s", "in place (no copy)" if view else
-                     f"after a copy into feature order (output keys {kt.keys()[:4]}...)")
-        if view:
-            return kt.values().reshape(-1, self.F, self.D)
-        sparse = kt.to_dict()
-        return torch.cat([sparse[n] for n in self.sparse_feature_names], dim=1).reshape(-1, self.F, self.D)
+            log.info("sparse arch: pooled embeddings used %s", how)
+        return (values, order) if in_key_order else to_feature_order(values, order)
+
+    def _order(self, keys: Tuple[str, ...], device: torch.device) -> FeatureOrder:
+        cache = self.__dict__.setdefault("_orders", {})
+        if (keys, device) not in cache:
+            pos = torch.tensor([keys.index(n) for n in self.sparse_feature_names], dtype=torch.long)
+            inv = torch.empty_like(pos)
+            inv[pos] = torch.arange(len(pos))
+            cache[(keys, device)] = (pos.to(device), inv.to(device))
+        return cache[(keys, device)]
 
 
 class DLRMTrainAutocast(DLRMTrain):
@@ -86,7 +134,8 @@ class DLRMTrainAutocast(DLRMTrain):
     graph (``perf.compile``, :func:`compile_dense`).
 
     ``forward`` runs the sparse arch (the sharded lookup: TorchRec's pipeline and DMP own it), then
-    :meth:`dense_step`: the dense arch, the interaction and the over arch in the autocast region, and the BCE loss
+    :meth:`dense_step` (which first puts pooled embeddings that arrive in the plan's key order into feature order,
+    so under ``perf.compile`` that reorder is part of the compiled graph): the dense arch, the interaction and the over arch in the autocast region, and the BCE loss
     in float32 from float32 logits. The TBE lookup and the KJT all-to-alls stay outside autocast and outside the
     compiled graph.
 
@@ -103,26 +152,38 @@ class DLRMTrainAutocast(DLRMTrain):
         self.device_type = device_type
         self.compiled_step: Optional[Callable[..., Tuple[torch.Tensor, ...]]] = None  # set by compile_dense
         self.compiled_parts: List[str] = []
+        self.cuda_graphs = False  # compile_dense in a CUDA-graph mode
 
-    def dense_logits(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[B]`` from dense features ``[B, 13]`` and pooled embeddings ``[B, F, D]``."""
+    def dense_logits(self, dense: torch.Tensor, embedded: torch.Tensor, order: Optional[FeatureOrder] = None
+                     ) -> torch.Tensor:
+        """float32 logits ``[B]`` from dense features ``[B, 13]`` and pooled embeddings ``[B, F, D]`` (in feature
+        order, or in another order given by ``order``: :func:`to_feature_order`)."""
         net = self.model
+        embedded = to_feature_order(embedded, order)
         amp = (torch.autocast(self.device_type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
                else contextlib.nullcontext())
         with amp:
             out = net.over_arch(net.inter_arch(dense_features=net.dense_arch(dense), sparse_features=embedded))
         return out.squeeze(-1).float()
 
-    def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor
-                   ) -> Tuple[torch.Tensor, ...]:
+    def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor,
+                   order: Optional[FeatureOrder] = None) -> Tuple[torch.Tensor, ...]:
         """``(loss, logits, labels)``: everything after the lookup; the part :func:`compile_dense` compiles."""
-        logits = self.dense_logits(dense, embedded)
+        logits = self.dense_logits(dense, embedded, order)
         return self.loss_fn(logits, labels.float()), logits, labels
 
     def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:
-        embedded = self.model.sparse_arch(batch.sparse_features)
-        out = (self.compiled_step or self.dense_step)(batch.dense_features, embedded, batch.labels)
-        return out[0], tuple(t.detach() for t in out)
+        arch = self.model.sparse_arch
+        if isinstance(arch, ZeroCopySparseArch):
+            embedded, order = arch(batch.sparse_features, in_key_order=True)
+        else:
+            embedded, order = arch(batch.sparse_features), None
+        if self.cuda_graphs:  # a new step: graph replays may reuse the previous step's output memory
+            torch.compiler.cudagraph_mark_step_begin()
+        out = (self.compiled_step or self.dense_step)(batch.dense_features, embedded, batch.labels, order)
+        # outputs of a CUDA graph live in its memory pool and the next replay overwrites them; the trainer keeps
+        # the logits of a metric window (and validation's) across steps, so they are copied out
+        return out[0], tuple(t.detach().clone() if self.cuda_graphs else t.detach() for t in out)
 
 
 class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
@@ -137,13 +198,13 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
     Returns ``(loss, (loss, logits, labels, ok))`` with ``ok`` a bool scalar tensor (False: batch skipped).
     """
 
-    def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor
-                   ) -> Tuple[torch.Tensor, ...]:
+    def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor,
+                   order: Optional[FeatureOrder] = None) -> Tuple[torch.Tensor, ...]:
         labels = labels.float()
         ok = torch.isfinite(dense).all() & ((labels == 0) | (labels == 1)).all()
         dense = torch.where(torch.isfinite(dense), dense, torch.zeros_like(dense))
         labels = torch.where((labels == 0) | (labels == 1), labels, torch.zeros_like(labels))
-        logits = self.dense_logits(dense, embedded)
+        logits = self.dense_logits(dense, embedded, order)
         loss = self.loss_fn(logits, labels) * ok.to(logits.dtype)
         return loss, logits, labels, ok
 
@@ -214,6 +275,10 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
         coordinate_descent_tuning: Inductor's ``coordinate_descent_tuning`` (``perf.coordinate_descent_tuning``;
             a process-wide Inductor setting): tune the block sizes of the generated triton kernels while compiling.
 
+    A CUDA-graph ``mode`` (``reduce-overhead``, ``max-autotune``; the config refuses them, the benchmark times them)
+    sets ``train_model.cuda_graphs``: ``forward`` then marks each step's start and copies the step's outputs out of
+    the graphs' memory pool, which the next replay overwrites.
+
     Returns:
         What was compiled: ``["model.dense_arch", "model.inter_arch", "model.over_arch", "loss"]``.
     """
@@ -224,6 +289,7 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     if coordinate_descent_tuning:
         inductor_config.coordinate_descent_tuning = True
     train_model.compiled_step = torch.compile(train_model.dense_step, mode=None if mode == "default" else mode)
+    train_model.cuda_graphs = mode in ("reduce-overhead", "max-autotune")
     train_model.compiled_parts = [f"model.{n}" for n in DENSE_MODULES if getattr(train_model.model, n, None)
                                   is not None] + ["loss"]
     log.info("torch.compile (mode %s%s): %s as one graph", mode,

@@ -1,4 +1,4 @@
-"""Build the training pipeline (``pipeline=sparse_dist|fused_sparse_dist|prefetch|base``,
+"""Build the training pipeline (``pipeline=sparse_dist|fused_sparse_dist|semi_sync|prefetch|base``,
 ``pipeline.input_dist_group``).
 
 The pipelines are TorchRec's, used as they are:
@@ -11,12 +11,20 @@ The pipelines are TorchRec's, used as they are:
   does not read the dense weights. CUDA only. The dense optimizer step it can hide is 0.13 ms with ``perf=fast``
   on an H200; its one step time there (2.4 ms/step slower than ``sparse_dist``) ran after a profile in the same
   process, so it is not a clean figure (docs/benchmarks.md).
+* ``semi_sync``: ``TrainPipelineSemiSync``: batch i+1's embedding lookup and output-dist all-to-all are issued
+  right after batch i's forward, so the all-to-all runs beside batch i's dense backward. Not the same numerics:
+  batch i+1 reads the tables before batch i's update (one step stale; the dense weights are not stale). From
+  batch ``pipeline.semi_sync_start_batch`` on; before it, each step ends with a device synchronize (TorchRec's
+  synchronous warm-up). The pipeline gets the dense optimizer only: the fused TBE optimizer updates the tables in
+  the embedding backward, and TorchRec warns about an optimizer that holds the pipelined tables. CUDA only.
+  Measured with ``perf=fast`` on 2x H200: no faster than ``sparse_dist`` (the overlapped all-to-all takes SMs from
+  the backward), and 0.0034 below fp32's validation AUC on the 63-step Kaggle run (docs/benchmarks.md).
 * ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
   ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
 
 Only the constructor arguments ``(model, optimizer, device)`` are passed (plus ``execute_all_batches=True`` for
-the sparse-dist ones, so the last, possibly partial, batch is trained): they exist unchanged in torchrec 1.3
+the sparse-dist ones, so the last, possibly partial, batch is trained, and ``start_batch`` for ``semi_sync``): they exist unchanged in torchrec 1.3
 through 1.8, whereas later arguments (``enqueue_batch_after_forward``, ``free_features_storage_early``, ...) do
 not exist on the GPU host's 1.6.1.
 
@@ -44,6 +52,7 @@ from torchrec.distributed.train_pipeline import (
     TrainPipelineFusedSparseDist,
     TrainPipelineSparseDist,
 )
+from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync  # not re-exported in 1.6
 
 from dlrm.comms import input_dist_group, use_group_for_input_dist
 from dlrm.config import ConfigError, PipelineConfig
@@ -53,6 +62,7 @@ log = logging.getLogger(__name__)
 PIPELINES: Dict[str, Type[TrainPipeline]] = {
     "sparse_dist": TrainPipelineSparseDist,
     "fused_sparse_dist": TrainPipelineFusedSparseDist,
+    "semi_sync": TrainPipelineSemiSync,
     "prefetch": PrefetchTrainPipelineSparseDist,
     "base": TrainPipelineBase,
 }
@@ -63,6 +73,7 @@ PIPELINES: Dict[str, Type[TrainPipeline]] = {
 CUDA_ONLY = {
     "prefetch": "prefetches fused_uvm_caching rows on a CUDA stream",
     "fused_sparse_dist": "runs the embedding lookup on a CUDA stream (TorchRec records the batch's tensors on it)",
+    "semi_sync": "records the batch's tensors on CUDA streams and waits on CUDA events",
 }
 
 
@@ -94,4 +105,8 @@ def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dev
     cls = PIPELINES[cfg.name]
     if cls is TrainPipelineBase:
         return cls(model, optimizer, device)
+    if cls is TrainPipelineSemiSync:
+        log.info("semi-synchronous pipeline from batch %d: each batch's lookup reads the tables before the previous "
+                 "batch's update", cfg.semi_sync_start_batch)
+        return cls(model, optimizer, device, execute_all_batches=True, start_batch=cfg.semi_sync_start_batch)
     return cls(model, optimizer, device, execute_all_batches=True)

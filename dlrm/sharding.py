@@ -39,6 +39,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from dlrm.comms import DedicatedGroupDataParallelWrapper
+from dlrm.comms import allreduce_group as allreduce_group_of_ddp
 from dlrm.config import OptimizerConfig, ShardingConfig
 from dlrm.dist import DistInfo
 
@@ -491,21 +493,27 @@ def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch
 def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: OptimizerConfig,
           batch_size: int, pooling_factors: Optional[Dict[str, float]] = None,
           constraint_hook: Optional[ConstraintHook] = None, fused_params: Optional[Dict[str, Any]] = None,
-          allreduce_dtype: str = "fp32") -> Tuple[DistributedModelParallel, ShardingPlan]:
+          allreduce_dtype: str = "fp32", allreduce_group: str = "shared",
+          allreduce_max_ctas: Optional[int] = None) -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners).
 
     ``fused_params`` go to the TBE kernels (e.g. ``{"output_dtype": SparseType.BF16}``, :func:`fused_params_of`).
     ``allreduce_dtype`` (``perf.allreduce_dtype``): ``fp32``, or ``bf16`` / ``fp16`` for TorchRec's
     ``DefaultDataParallelWrapper(allreduce_comm_precision=...)`` (a compress hook on the DDP all-reduce; none
-    on one rank).
+    on one rank). ``allreduce_group`` (``perf.allreduce_group``): ``shared``, or ``dedicated`` for DDP on a process
+    group of its own (:class:`dlrm.comms.DedicatedGroupDataParallelWrapper`; collective: every rank creates it;
+    none on one rank), whose NCCL communicator uses at most ``allreduce_max_ctas`` thread blocks (None: NCCL's
+    choice).
 
     Returns ``(dmp, plan)``; the planner's estimates are on ``dmp.plan_info`` (:class:`PlanInfo`).
     """
     fuse_embedding_optimizer(model, opt)
     info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
     # one rank has nothing to reduce: a compress hook there would only round the gradients
-    wrapper = DefaultDataParallelWrapper(allreduce_comm_precision=None if allreduce_dtype == "fp32"
-                                         or info.world_size == 1 else allreduce_dtype)
+    precision = None if allreduce_dtype == "fp32" or info.world_size == 1 else allreduce_dtype
+    wrapper = (DedicatedGroupDataParallelWrapper(allreduce_group_of_ddp(allreduce_max_ctas), precision)
+               if allreduce_group == "dedicated" and info.world_size > 1
+               else DefaultDataParallelWrapper(allreduce_comm_precision=precision))
     dmp = DistributedModelParallel(module=model, device=info.device, plan=info_.plan,
                                    sharders=sharders(fused_params), data_parallel_wrapper=wrapper)
     dmp.plan_info = info_  # type: ignore[attr-defined]

@@ -48,10 +48,14 @@ def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
 
     Raises:
         ConfigError: bf16 table weights or pooled embeddings on CPU (FBGEMM's CPU TBE kernels have no bf16); a
-            bf16 all-reduce on CPU (PyTorch's ``bf16_compress_hook`` needs CUDA and NCCL).
+            bf16 all-reduce on CPU (PyTorch's ``bf16_compress_hook`` needs CUDA and NCCL); an NCCL thread-block
+            cap on CPU.
     """
     if device.type != "cpu":
         return
+    if perf.allreduce_max_ctas is not None:
+        raise ConfigError("config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
+                          "CPU (gloo); drop it (perf.allreduce_max_ctas=null)")
     if perf.allreduce_dtype == "bf16":
         raise ConfigError("config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
                           "use fp16 or fp32 on CPU")
@@ -105,13 +109,16 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
     dmp, plan = shard(model, info, cfg.sharding, cfg.optimizer, batch_size, pooling,
                       constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
                       fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
-                      allreduce_dtype=perf.allreduce_dtype)
+                      allreduce_dtype=perf.allreduce_dtype, allreduce_group=perf.allreduce_group,
+                      allreduce_max_ctas=perf.allreduce_max_ctas)
     if perf.compile:
         compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning)
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
-    pipeline = build_pipeline(dmp, optimizer, info.device, cfg.pipeline)
+    # semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
+    pipeline = build_pipeline(dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device,
+                              cfg.pipeline)
     return Built(model, dmp, plan, optimizer, scheduler, pipeline)
 
 
@@ -192,10 +199,12 @@ class Trainer:
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
         p = cfg.perf
         log.info("perf %s: tables %s, pooled embeddings %s, autocast %s, tf32 %s, compile %s, TBE bounds check %s, "
-                 "all-reduce %s", p.name, p.embedding_dtype, p.embedding_output_dtype, p.autocast,
+                 "all-reduce %s on the %s group", p.name, p.embedding_dtype, p.embedding_output_dtype, p.autocast,
                  p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
                  f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''})"
-                 if p.compile else "off", p.tbe_bounds_check, p.allreduce_dtype)
+                 if p.compile else "off", p.tbe_bounds_check, p.allreduce_dtype,
+                 (p.allreduce_group + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else ""))
+                 if info.world_size > 1 else "default (one rank: nothing to reduce)")
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))

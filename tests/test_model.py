@@ -65,15 +65,17 @@ def test_skip_nonfinite_zeroes_the_update_of_a_bad_batch_and_keeps_good_ones() -
     assert all(torch.count_nonzero(p.grad) == 0 for p in skip.parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize("in_key_order", [False, True])
 @pytest.mark.parametrize("permute", [False, True])
-def test_zero_copy_sparse_arch_equals_torchrec_sparse_arch(permute: bool) -> None:
+def test_zero_copy_sparse_arch_equals_torchrec_sparse_arch(permute: bool, in_key_order: bool) -> None:
     """The pooled embeddings (and the table gradients) equal TorchRec's SparseArch bit for bit, whether the
-    KeyedTensor comes in feature order (returned as a view, no copy) or in another order (a sharded EBC's
-    column_wise output: copied into feature order)."""
+    KeyedTensor comes in feature order (returned as a view, no copy) or in another order (a sharded EBC's output
+    over several ranks: reordered by a gather, no concatenation; with ``in_key_order=True`` returned as the view
+    plus the order, reordered by ``to_feature_order``, as the dense step does)."""
     from torchrec import KeyedJaggedTensor, KeyedTensor
     from torchrec.models.dlrm import SparseArch
 
-    from dlrm.model import ZeroCopySparseArch
+    from dlrm.model import ZeroCopySparseArch, to_feature_order
 
     cfg = to_config(compose(["model.row_cap=50"])).model
     torch.manual_seed(0)
@@ -105,14 +107,23 @@ def test_zero_copy_sparse_arch_equals_torchrec_sparse_arch(permute: bool) -> Non
     ref(kjt)  # the KJT caches its per-key splits on first use (one torch.cat): not part of the count
     cats = []
     real_cat = torch.cat
+    if in_key_order:
+        values, order = ours(kjt, in_key_order=True)
+        assert (order is None) == (not permute)
+        if permute:  # the view in the KeyedTensor's (reversed) key order
+            assert torch.equal(values.flip(1), ref(kjt)) and order[0].tolist() == list(range(25, -1, -1))
     with mock.patch("torch.cat", side_effect=lambda *x, **k: cats.append(1) or real_cat(*x, **k)):
-        a = ours(kjt)
+        if in_key_order:
+            values, order = ours(kjt, in_key_order=True)
+            a = to_feature_order(values, order)
+        else:
+            a = ours(kjt)
         n_ours = len(cats)
         b = ref(kjt)
         n_ref = len(cats) - n_ours
     assert a.shape == (5, 26, cfg.embedding_dim) and torch.equal(a, b)
-    # in feature order, SparseArch's own concatenation is skipped; otherwise it is made as in TorchRec
-    assert n_ours == (n_ref if permute else n_ref - 1), (n_ours, n_ref)
+    # SparseArch's own concatenation is skipped (a view, or one gather)
+    assert n_ours == n_ref - 1, (n_ours, n_ref)
     w = torch.randn(a.shape, generator=g)
     (a * w).sum().backward()
     grads = {n: p.grad.clone() for n, p in ebc.named_parameters()}

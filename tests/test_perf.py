@@ -59,6 +59,11 @@ def test_perf_presets_compose() -> None:
     (["perf.coordinate_descent_tuning=true"], "config key `perf.coordinate_descent_tuning`: tunes compiled kernels "
      "and has no effect while perf.compile=false; add perf.compile=true"),
     (["perf.tbe_bounds_check=off"], "config key `perf.tbe_bounds_check`: got 'off'; use warning, fatal or none"),
+    (["perf.allreduce_group=own"], "config key `perf.allreduce_group`: got 'own'; use shared or dedicated"),
+    (["perf.allreduce_max_ctas=4"], "config key `perf.allreduce_max_ctas`: sets the dedicated all-reduce group's NCCL "
+     "communicator and has no effect while perf.allreduce_group=shared; add perf.allreduce_group=dedicated"),
+    (["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=0"], "config key `perf.allreduce_max_ctas`: got 0; "
+     "use a count of thread blocks >= 1, or null for NCCL's choice"),
     (["perf.allreduce_dtype=int8"], "config key `perf.allreduce_dtype`: got 'int8'; use fp32, fp16 or bf16"),
     (["perf.compile_mode=fast"], "config key `perf.compile_mode`: got 'fast'; use one of ('default', "
      "'max-autotune-no-cudagraphs')"),
@@ -124,6 +129,11 @@ def test_bf16_is_refused_on_cpu_before_building() -> None:
         build_training(to_config(compose(TINY + ["perf.allreduce_dtype=bf16"])), info, BATCH)
     assert str(e.value) == ("config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
                             "use fp16 or fp32 on CPU")
+    with pytest.raises(ConfigError) as e:
+        build_training(to_config(compose(TINY + ["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"])),
+                       info, BATCH)
+    assert str(e.value) == ("config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
+                            "CPU (gloo); drop it (perf.allreduce_max_ctas=null)")
 
 
 def test_perf_is_checked_before_data_is_loaded(tmp_path: Path) -> None:
@@ -311,7 +321,8 @@ def _train(overrides: List[str], batches: list) -> Dict[str, Any]:
                            "plan": sorted({s["sharding_type"] for s in dmp.plan_info.shards})}
     if cfg.perf.embedding_output_dtype != "fp32":
         seen = []
-        h = dmp.module.model.sparse_arch.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+        h = dmp.module.model.sparse_arch.register_forward_hook(  # (values, order): one rank, feature order
+            lambda m, i, o: seen.append(o[0].detach().clone()))
         with torch.no_grad():
             dmp(batches[0])
         h.remove()
@@ -461,19 +472,19 @@ def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
 
     torch.set_num_threads(1)
     return throughput.main(["--smoke", "--alternate", "--sharding", "table_wise", "--variants", "fp32",
-                            "fast_sparsearch_copy", "fast_bounds_check", "fast_fold_permute", "--out", out])
+                            "fast_sparsearch_copy", "fast_bounds_check", "--out", out])
 
 
 def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
     """2 gloo ranks, table_wise: ``--alternate`` interleaves the repeats of variants built together; the
-    ``PATCHES`` variants really run with their patch (TorchRec's SparseArch forward; the feature reorder folded
-    into the interaction) and only they do; ``perf.tbe_bounds_check`` reaches the TBEs (``perf=fast``: none;
-    fp32: FBGEMM's warning); the data-movement patches and the bounds check train exactly like ``perf=fast``
-    (bitwise-equal last loss), here with the pooled embeddings out of feature order."""
+    ``PATCHES`` variant really runs with its patch (TorchRec's SparseArch forward, a copy into feature order
+    before the dense step) and only it does; ``perf.tbe_bounds_check`` reaches the TBEs (``perf=fast``: none;
+    fp32: FBGEMM's warning); the copy and the bounds check train exactly like ``perf=fast``, whose
+    pooled embeddings come out of feature order on 2 ranks and are reordered inside the dense step (bitwise-equal
+    last loss)."""
     rows = run_gloo(2, _alternate_worker, str(tmp_path), timeout=600)[0]
     by = {r["config"]: r for r in rows}
-    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_bounds_check",
-                                           "fast_fold_permute"]
+    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_bounds_check"]
     for r in rows:
         assert "error" not in r, r
         assert r["order"] == "alternating" and len(r["ms_repeats"]) == 2 and min(r["ms_repeats"]) > 0, r
@@ -482,35 +493,30 @@ def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
     assert by["fast_bounds_check"]["sparse_arch_forward"] == "ZeroCopySparseArch.forward"
     # FBGEMM BoundsCheckMode: 1 WARNING (its default), 3 NONE
     assert by["fp32"]["tbe_bounds_check_modes"] == [1] == by["fast_bounds_check"]["tbe_bounds_check_modes"]
-    assert by["fast_sparsearch_copy"]["tbe_bounds_check_modes"] == [3] == by["fast_fold_permute"][
-        "tbe_bounds_check_modes"]
+    assert by["fast_sparsearch_copy"]["tbe_bounds_check_modes"] == [3]
     assert by["fp32"]["compiled"] == []
     assert by["fast_bounds_check"]["compiled"] == ["model.dense_arch", "model.inter_arch", "model.over_arch", "loss"]
     assert json.loads((tmp_path / "throughput.json").read_text())["meta"]["alternate"] is True
     assert by["fast_bounds_check"]["last_loss"] == by["fast_sparsearch_copy"]["last_loss"]
-    pos = by["fast_fold_permute"]["interaction_kt_pos"]
-    assert sorted(pos) == list(range(26)) and pos != list(range(26)), pos  # 2 ranks: rank order, not feature order
-    assert by["fast_fold_permute"]["last_loss"] == by["fast_sparsearch_copy"]["last_loss"]
-    assert by["fast_fold_permute"]["sparse_arch_forward"] == "_fold_permute_forwards.<locals>.sparse_forward"
 
 
 # ------------------------------------------------------------------------------------------ all-reduce dtype
 
-def _allreduce_worker(rank: int, world: int, dtype: str) -> Dict[str, Any]:
-    """One step of a table_wise DMP on 2 gloo ranks: the DDP-reduced dense gradients (``backward``), then each
+def _reduced_grads(info: Any, dtype: str, group: str, rank: int) -> Dict[str, Any]:
+    """One step of a table_wise DMP on the gloo ranks: the DDP-reduced dense gradients (``backward``), then each
     rank's local ones from the same graph (``autograd.grad``, which leaves ``.grad`` and DDP's buckets alone)."""
     import torch.distributed as dist
 
     from dlrm import data as D
-    from dlrm.dist import init_distributed
     from dlrm.sharding import shard
 
-    info = init_distributed("cpu")
-    cfg = to_config(compose(TINY + ["sharding=table_wise", f"perf.allreduce_dtype={dtype}"]))
+    cfg = to_config(compose(TINY + ["sharding=table_wise", f"perf.allreduce_dtype={dtype}",
+                                    f"perf.allreduce_group={group}"]))
     torch.manual_seed(0)
     model = build_model(cfg.model, dense_device=torch.device("cpu"))
     pooling = {f"t_{f}": 2.0 for f in FEATURE_NAMES}
-    dmp, _ = shard(model, info, cfg.sharding, cfg.optimizer, BATCH, pooling, allreduce_dtype=dtype)
+    dmp, _ = shard(model, info, cfg.sharding, cfg.optimizer, BATCH, pooling, allreduce_dtype=dtype,
+                   allreduce_group=cfg.perf.allreduce_group)
     g = torch.Generator().manual_seed(rank)
     n = BATCH
     ids = torch.stack([torch.randint(0, r, (n,), generator=g) for r in cfg.model.table_rows], 1)
@@ -524,10 +530,27 @@ def _allreduce_worker(rank: int, world: int, dtype: str) -> Dict[str, Any]:
     reduced = torch.cat([p.grad.reshape(-1) for p in params])
     local = torch.autograd.grad(loss, params)
     flat = torch.cat([x.reshape(-1) for x in local])
-    both = [torch.empty_like(flat) for _ in range(world)]
+    both = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(both, flat)
-    hook = dmp._dmp_wrapped_module._get_ddp_logging_data().get("comm_hook")
-    return {"locals": both, "reduced": reduced, "hook": hook}
+    ddp = dmp._dmp_wrapped_module
+    hook = ddp._get_ddp_logging_data().get("comm_hook")
+    return {"locals": both, "reduced": reduced, "hook": hook, "ddp_group": ddp.process_group}
+
+
+def _allreduce_worker(rank: int, world: int, dtype: str) -> Dict[str, Any]:
+    import torch.distributed as dist
+
+    from dlrm import comms
+    from dlrm.dist import init_distributed
+
+    info = init_distributed("cpu")
+    out = _reduced_grads(info, dtype, "shared", rank)
+    dedicated = _reduced_grads(info, dtype, "dedicated", rank)
+    out["dedicated_reduced"] = dedicated["reduced"]
+    out["dedicated_on_its_group"] = dedicated["ddp_group"] is comms.allreduce_group()
+    out["shared_on_default"] = out.pop("ddp_group") is dist.group.WORLD
+    out["allreduce_group_is_not_input_dist_group"] = comms.allreduce_group() is not comms.input_dist_group()
+    return out
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -535,7 +558,8 @@ def test_allreduce_dtype_sets_the_ddp_gradient_precision(dtype: str) -> None:
     """``perf.allreduce_dtype``: fp32 averages the ranks' dense gradients in fp32; fp16 gives exactly what
     PyTorch's ``fp16_compress_hook`` computes (each rank's gradient rounded to fp16 and halved, summed in fp16,
     copied back into the fp32 gradient), which differs from the fp32 average. (bf16 takes the same TorchRec
-    path with ``bf16_compress_hook``, which PyTorch runs on NCCL only.)"""
+    path with ``bf16_compress_hook``, which PyTorch runs on NCCL only.) ``perf.allreduce_group=dedicated`` puts
+    DDP on a process group of its own and reduces to bitwise the same gradients."""
     r0, r1 = run_gloo(2, _allreduce_worker, dtype, timeout=300)
     g0, g1 = r0["locals"]
     assert not torch.equal(g0, g1)  # the ranks saw different batches
@@ -549,6 +573,8 @@ def test_allreduce_dtype_sets_the_ddp_gradient_precision(dtype: str) -> None:
             expected = (g0.half() / 2 + g1.half() / 2).float()
             assert torch.equal(r["reduced"], expected)
             assert not torch.equal(r["reduced"], fp32_mean)
+        assert torch.equal(r["dedicated_reduced"], r["reduced"])
+        assert r["dedicated_on_its_group"] and r["shared_on_default"] and r["allreduce_group_is_not_input_dist_group"]
 
 
 # ------------------------------------------------------------------------------------------- TBE bounds check

@@ -280,7 +280,7 @@ def test_torchrec_private_hooks_exist() -> None:
 
 
 # ------------------------------------------------------------------------------------------- config and offload
-@pytest.mark.parametrize("name", ["prefetch", "fused_sparse_dist"])
+@pytest.mark.parametrize("name", ["prefetch", "fused_sparse_dist", "semi_sync"])
 def test_cuda_stream_pipelines_are_refused_on_cpu(name: str) -> None:
     from dlrm.pipeline import build_pipeline
 
@@ -300,12 +300,13 @@ def test_trainer_refuses_cuda_stream_pipeline_before_loading_data(tmp_path) -> N
     assert "data synthetic" not in r.stderr + r.stdout  # the data-loading log line never came
 
 
-def _cuda_losses(tmp_path, pipeline: str, steps: int = 12) -> List[torch.Tensor]:
+def _cuda_losses(tmp_path, pipeline: str, steps: int = 12, extra: Tuple[str, ...] = ()) -> List[torch.Tensor]:
     from dlrm.config import compose
     from dlrm.trainer import Trainer
 
     cfg = compose(["device=cuda", "model=dlrm_v2_small", "data.batch_size=1024", "data.num_train_samples=16384",
-                   "eval.every_n_steps=null", "eval.at_end=false", "checkpoint.resume=none", f"pipeline={pipeline}"])
+                   "eval.every_n_steps=null", "eval.at_end=false", "checkpoint.resume=none", f"pipeline={pipeline}",
+                   *extra])
     t = Trainer(cfg, str(tmp_path / pipeline))
     t.setup()
     try:
@@ -326,6 +327,29 @@ def test_fused_sparse_dist_trains_like_sparse_dist_on_cuda(tmp_path) -> None:
     diff = max(float((x - y).abs()) for x, y in zip(a, fused))
     assert len(fused) == 12 and float(a[-1]) < float(a[0]), a  # it trained
     assert diff <= 2 * rerun, (diff, rerun, a, fused)
+
+
+@pytest.mark.gpu
+def test_semi_sync_reads_tables_one_step_stale_on_cuda(tmp_path) -> None:
+    """1 GPU: ``pipeline=semi_sync`` from batch 0 gives sparse_dist's first loss (nothing to be stale about yet)
+    and then other losses (each lookup reads the tables before the previous batch's update), still training;
+    with ``semi_sync_start_batch`` past the last step it trains synchronously: sparse_dist's losses, as close as
+    a second sparse_dist run is to the first."""
+    a, b = _cuda_losses(tmp_path, "sparse_dist"), _cuda_losses(tmp_path / "again", "sparse_dist")
+    semi = _cuda_losses(tmp_path / "semi", "semi_sync")
+    sync = _cuda_losses(tmp_path / "sync", "semi_sync", extra=("pipeline.semi_sync_start_batch=100",))
+    rerun = max(float((x - y).abs()) for x, y in zip(a, b))
+    assert abs(float(semi[0] - a[0])) <= 2 * rerun, (semi, a)
+    assert max(float((x - y).abs()) for x, y in zip(a[1:], semi[1:])) > 10 * rerun + 1e-6, (semi, a)
+    assert float(semi[-1]) < float(semi[0]), semi
+    assert max(float((x - y).abs()) for x, y in zip(a, sync)) <= 2 * rerun, (sync, a)
+
+
+def test_semi_sync_start_batch_validates() -> None:
+    assert to_config(compose(["pipeline=semi_sync"])).pipeline.semi_sync_start_batch == 0
+    with pytest.raises(ConfigError, match="config key `pipeline.semi_sync_start_batch`: got -1; use a batch index "
+                                          ">= 0"):
+        to_config(compose(["pipeline=semi_sync", "pipeline.semi_sync_start_batch=-1"]))
 
 
 def test_pipeline_and_offload_keys_validate() -> None:
