@@ -461,8 +461,8 @@ class PerfConfig:
         _check(self.allreduce_max_ctas is None or self.allreduce_max_ctas >= 1, "perf.allreduce_max_ctas",
                f"got {self.allreduce_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice")
         _check(self.allreduce_max_ctas is None or self.allreduce_group == "dedicated", "perf.allreduce_max_ctas",
-               "sets the dedicated all-reduce group's NCCL communicator and has no effect while "
-               "perf.allreduce_group=shared; add perf.allreduce_group=dedicated")
+               "sets the dedicated all-reduce group's NCCL communicator (CUDA runs only) and has no effect "
+               "while perf.allreduce_group=shared; add perf.allreduce_group=dedicated, or drop it on CPU")
         _check(self.tbe_bounds_check in ("warning", "fatal", "none"), "perf.tbe_bounds_check",
                f"got {self.tbe_bounds_check!r}; use warning, fatal or none")
         _check(self.autocast in ("none", "bf16", "fp16"), "perf.autocast",

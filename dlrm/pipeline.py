@@ -73,7 +73,7 @@ PIPELINES: Dict[str, Type[TrainPipeline]] = {
 CUDA_ONLY = {
     "prefetch": "prefetches fused_uvm_caching rows on a CUDA stream",
     "fused_sparse_dist": "runs the embedding lookup on a CUDA stream (TorchRec records the batch's tensors on it)",
-    "semi_sync": "records the batch's tensors on CUDA streams and waits on CUDA events",
+    "semi_sync": "records the batch's tensors on CUDA streams",
 }
 
 

@@ -61,7 +61,8 @@ def test_perf_presets_compose() -> None:
     (["perf.tbe_bounds_check=off"], "config key `perf.tbe_bounds_check`: got 'off'; use warning, fatal or none"),
     (["perf.allreduce_group=own"], "config key `perf.allreduce_group`: got 'own'; use shared or dedicated"),
     (["perf.allreduce_max_ctas=4"], "config key `perf.allreduce_max_ctas`: sets the dedicated all-reduce group's NCCL "
-     "communicator and has no effect while perf.allreduce_group=shared; add perf.allreduce_group=dedicated"),
+     "communicator (CUDA runs only) and has no effect while perf.allreduce_group=shared; add "
+     "perf.allreduce_group=dedicated, or drop it on CPU"),
     (["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=0"], "config key `perf.allreduce_max_ctas`: got 0; "
      "use a count of thread blocks >= 1, or null for NCCL's choice"),
     (["perf.allreduce_dtype=int8"], "config key `perf.allreduce_dtype`: got 'int8'; use fp32, fp16 or bf16"),
