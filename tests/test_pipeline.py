@@ -264,14 +264,20 @@ def test_dedicated_group_carries_exactly_the_input_dist(results, stype: str, nam
 
 
 def test_torchrec_private_hooks_exist() -> None:
-    """dlrm/comms.py relies on these private TorchRec names; a TorchRec upgrade that renames one fails here."""
+    """dlrm/comms.py relies on these private TorchRec names; a TorchRec upgrade that renames one fails here (the
+    same checks pass against torchrec 1.6.1's source)."""
     from torchrec.distributed.dist_data import KJTAllToAll
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
     from dlrm import comms
 
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+
     assert comms.PRIVATE_NAMES == ("ShardedModule._create_input_dist", "ShardedModule._input_dists",
-                                   "KJTAllToAll._pg")
+                                   "KJTAllToAll._pg", "DefaultDataParallelWrapper._ddp_wrap")
+    assert list(inspect.signature(DefaultDataParallelWrapper._ddp_wrap).parameters) == [
+        "self", "dmp", "env", "device", "ddp_ignore_param_names"]
+    assert "env.process_group" in inspect.getsource(DefaultDataParallelWrapper._ddp_wrap)
     assert callable(getattr(ShardedEmbeddingBagCollection, "_create_input_dist", None))
     src = inspect.getsource(ShardedEmbeddingBagCollection)
     assert "self._input_dists.append(" in src and "self._create_input_dist(" in src
