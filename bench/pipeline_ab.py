@@ -295,8 +295,8 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
     ``top`` (a list), also appends the 25 largest kernels as ``(name, ms per step)``.
 
     Kernels on different streams overlap, so the categories can add up to more than the step time; NCCL kernel
-    time includes waiting for the slower rank. ``trace``: also write a Chrome trace (with Python stacks) there, and with ``gaps`` the CUDA-only one beside it
-    (``*_cuda_only.json``).
+    time includes waiting for the slower rank. ``trace``: also write a Chrome trace (with Python stacks) there, and
+    with ``gaps`` the CUDA-only one beside it (``*_cuda_only.json``).
     ``syncs``: appends ``(host call and the Python frames above it, calls per step, host ms per step)`` for every
     host-blocking call (:data:`SYNC_EVENTS`) seen, the longest first. ``gaps`` (a dict): filled with
     :func:`idle_gaps` of ``steps`` more steps profiled with CUDA activity only (kernels and runtime calls; no
@@ -316,7 +316,8 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
         # (measured on H200: 12 ms idle in a 13.6 ms step with Python stacks), which would blame the host
         cuda_prof = _profile_steps(run, steps, activities=[ProfilerActivity.CUDA])
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.json") if trace is None else trace.replace(".json", "_cuda_only.json")
+            path = (os.path.join(tmp, "trace.json") if trace is None
+                    else f"{os.path.splitext(trace)[0]}_cuda_only.json")
             cuda_prof.export_chrome_trace(path)  # with ``trace``: kept beside it (the undisturbed device timeline)
             with open(path, encoding="utf-8") as f:
                 gaps.update(idle_gaps(json.load(f), steps))

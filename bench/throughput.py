@@ -138,8 +138,9 @@ def _torchrec_sparse_arch(built: Any) -> None:
 
 def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default",
                               coordinate_descent_tuning: bool = False) -> List[str]:
-    """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it, because the
-    trainer's validation failed with it; the training step alone, which is what is timed here, runs."""
+    """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it: not faster on
+    H200, and the trainer's validation, which failed with it before the step's outputs were copied out of the
+    graphs, has not been re-run; the training step alone, which is what is timed here, runs."""
     return compile_dense(train_model, "reduce-overhead", coordinate_descent_tuning)
 
 
@@ -284,10 +285,10 @@ def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistI
             print(f"  idle {kind} {t:.3f} ms/step x{n:.1f}: {label[:300]}", flush=True)
         for call, n, t in syncs[:8]:
             print(f"  sync {t:.3f} ms/step x{n:.1f}: {call[:400]}", flush=True)
-        for name, t, n in host.get("ranges", [])[:12]:
-            print(f"  host range {t:.3f} ms/step x{n:.1f}: {name}", flush=True)
-        for name, t, n in host.get("self_ops", [])[:15]:
-            print(f"  host op {t:.3f} ms/step x{n:.1f}: {name[:120]}", flush=True)
+        for label, t, n in host.get("ranges", [])[:12]:
+            print(f"  host range {t:.3f} ms/step x{n:.1f}: {label}", flush=True)
+        for label, t, n in host.get("self_ops", [])[:15]:
+            print(f"  host op {t:.3f} ms/step x{n:.1f}: {label[:120]}", flush=True)
     return out
 
 

@@ -135,8 +135,8 @@ class DLRMTrainAutocast(DLRMTrain):
 
     ``forward`` runs the sparse arch (the sharded lookup: TorchRec's pipeline and DMP own it), then
     :meth:`dense_step` (which first puts pooled embeddings that arrive in the plan's key order into feature order,
-    so under ``perf.compile`` that reorder is part of the compiled graph): the dense arch, the interaction and the over arch in the autocast region, and the BCE loss
-    in float32 from float32 logits. The TBE lookup and the KJT all-to-alls stay outside autocast and outside the
+    so under ``perf.compile`` that reorder is part of the compiled graph): the dense arch, the interaction and the
+    over arch in the autocast region, and the BCE loss in float32 from float32 logits. The TBE lookup and the KJT all-to-alls stay outside autocast and outside the
     compiled graph.
 
     Args:

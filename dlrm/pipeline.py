@@ -24,9 +24,9 @@ The pipelines are TorchRec's, used as they are:
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
 
 Only the constructor arguments ``(model, optimizer, device)`` are passed (plus ``execute_all_batches=True`` for
-the sparse-dist ones, so the last, possibly partial, batch is trained, and ``start_batch`` for ``semi_sync``): they exist unchanged in torchrec 1.3
-through 1.8, whereas later arguments (``enqueue_batch_after_forward``, ``free_features_storage_early``, ...) do
-not exist on the GPU host's 1.6.1.
+the sparse-dist ones, so the last, possibly partial, batch is trained, and ``start_batch`` for ``semi_sync``): they
+exist unchanged in torchrec 1.3 through 1.8, whereas later arguments (``enqueue_batch_after_forward``,
+``free_features_storage_early``, ...) do not exist on the GPU host's 1.6.1.
 
 With ``pipeline.input_dist_group=dedicated`` the input dist's all-to-alls go to one extra process group
 (:mod:`dlrm.comms`).
