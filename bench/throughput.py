@@ -116,6 +116,10 @@ LEVERS: Dict[str, List[str]] = {
     "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated", "perf.allreduce_group=dedicated"],
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
     "fast_semi_sync_ar_group": ["perf=fast", "pipeline=semi_sync", "perf.allreduce_group=dedicated"],
+    "fast_one_graph": ["perf=fast", "perf.compile_ddp_split=false"],
+    "fast_bucket100": ["perf=fast", "perf.ddp_bucket_cap_mb=100"],
+    "fast_one_graph_bucket100": ["perf=fast", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=100"],
+    "fast_bucket8": ["perf=fast", "perf.ddp_bucket_cap_mb=8"],
 }
 
 

@@ -36,11 +36,12 @@ Usage (what :func:`dlrm.pipeline.build_pipeline` does)::
     model = DistributedModelParallel(...)
     use_group_for_input_dist(model, input_dist_group())
 
-The DDP all-reduce (``perf.allreduce_group=dedicated``, :class:`DedicatedGroupDataParallelWrapper`): the dense
-step's backward hands every dense gradient to DDP at once (the compiled dense step is one autograd node), and
-autograd then runs the gradient accumulators, so DDP issues its all-reduces *before* the backward all-to-all of
-the pooled embeddings. On one communicator that all-to-all, and the TBE backward behind it, wait for the whole
-all-reduce. On a group of its own the all-reduce runs beside the all-to-all and the TBE backward. TorchRec's
+The DDP all-reduce (``perf.allreduce_group=dedicated``, :class:`DedicatedGroupDataParallelWrapper`): the compiled
+dense step reaches autograd as a few pieces (dynamo's DDPOptimizer splits it at DDP's gradient buckets,
+``perf.compile_ddp_split``; one piece without it), and each piece hands its dense gradients to DDP when its
+backward ends, so DDP issues bucket all-reduces *before* the backward all-to-all of the pooled embeddings, which
+needs the input gradient of the first piece. On one communicator that all-to-all, and the TBE backward behind it,
+wait for those all-reduces. On a group of its own the all-reduce runs beside the all-to-all and the TBE backward. TorchRec's
 ``DefaultDataParallelWrapper`` takes the group from the ``ShardingEnv`` (the same group the sharded modules use),
 so the wrapper hands it a copy of the env that names the dedicated group; nothing else changes (the private
 method it overrides, ``DefaultDataParallelWrapper._ddp_wrap``, is in ``PRIVATE_NAMES`` and checked by the tests).
@@ -120,10 +121,12 @@ class DedicatedGroupDataParallelWrapper(DefaultDataParallelWrapper):
     Args:
         group: a process group over the same ranks as the sharding env's (:func:`allreduce_group`).
         allreduce_comm_precision: as TorchRec's (``None``, ``"fp16"``, ``"bf16"``).
+        bucket_cap_mb: DDP's gradient bucket size in MiB, as TorchRec's.
     """
 
-    def __init__(self, group: dist.ProcessGroup, allreduce_comm_precision: Any = None) -> None:
-        super().__init__(allreduce_comm_precision=allreduce_comm_precision)
+    def __init__(self, group: dist.ProcessGroup, allreduce_comm_precision: Any = None, bucket_cap_mb: int = 25
+                 ) -> None:
+        super().__init__(bucket_cap_mb=bucket_cap_mb, allreduce_comm_precision=allreduce_comm_precision)
         self.group = group
 
     def _ddp_wrap(self, dmp: Any, env: ShardingEnv, device: torch.device, ddp_ignore_param_names: Set[str]) -> None:

@@ -426,7 +426,8 @@ class PerfConfig:
             under ``torch.autocast`` (weights stay fp32; the loss is computed in fp32 from fp32 logits).
         tf32: allow TF32 matrix products for fp32 work on CUDA (``torch.backends.cuda.matmul.allow_tf32``;
             MLPerf reference: on). Ignored on CPU.
-        compile: ``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph
+        compile: ``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph (split
+            at DDP's gradient buckets unless ``compile_ddp_split`` is false)
             (``dlrm.model.compile_dense``; the modules are not wrapped, so parameter names and checkpoints are
             unchanged). The first steps and every new batch size compile (tens of seconds).
         coordinate_descent_tuning: with ``compile``, Inductor's ``coordinate_descent_tuning`` (a process-wide
@@ -437,6 +438,17 @@ class PerfConfig:
             validation ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run": the
             graphs' output buffers are reused while the step's logits are still held), and at batch 32768 they
             were not faster (13.7 vs 13.6 ms/step; docs/benchmarks.md).
+        compile_ddp_split: with ``compile``, let dynamo's DDPOptimizer split the compiled dense step at DDP's
+            gradient buckets (``torch._dynamo.config.optimize_ddp``, a process-wide dynamo setting; true is
+            PyTorch's default), so each bucket's all-reduce can start while the rest of the dense backward runs.
+            false: one graph, forward and backward, and the all-reduces start after the whole dense backward
+            (Inductor fuses across the bucket boundaries, and there are fewer graph calls per step). Measured on
+            H200: no faster on one GPU or two (docs/benchmarks.md, sixth session).
+        ddp_bucket_cap_mb: DDP's gradient bucket size in MiB (TorchRec ``DefaultDataParallelWrapper``
+            ``bucket_cap_mb``; 25 is TorchRec's and PyTorch's default). Larger buckets mean fewer, larger
+            all-reduces (and, with ``compile_ddp_split``, fewer graph pieces). The MLPerf DLRM-v2 dense side holds
+            about 64 MiB of fp32 gradients. Same numerics. Measured on 2x H200: 100 MiB within the run-to-run
+            spread of 25, 8 MiB 1.0 ms per step slower (docs/benchmarks.md).
     """
 
     name: str = "fp32"
@@ -451,6 +463,8 @@ class PerfConfig:
     compile: bool = False
     compile_mode: str = "default"
     coordinate_descent_tuning: bool = False
+    compile_ddp_split: bool = True
+    ddp_bucket_cap_mb: int = 25
 
     def __post_init__(self) -> None:
         for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
@@ -480,6 +494,10 @@ class PerfConfig:
                f"{self.compile_mode} has no effect while perf.compile=false; add perf.compile=true")
         _check(self.compile or not self.coordinate_descent_tuning, "perf.coordinate_descent_tuning",
                "tunes compiled kernels and has no effect while perf.compile=false; add perf.compile=true")
+        _check(self.compile or self.compile_ddp_split, "perf.compile_ddp_split",
+               "splits the compiled dense step and has no effect while perf.compile=false; add perf.compile=true")
+        _check(self.ddp_bucket_cap_mb >= 1, "perf.ddp_bucket_cap_mb",
+               f"got {self.ddp_bucket_cap_mb}; use a bucket size in MiB >= 1 (25: PyTorch's default)")
 
 
 @dataclass

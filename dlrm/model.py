@@ -256,8 +256,8 @@ def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
 DENSE_MODULES = ("dense_arch", "inter_arch", "over_arch")
 
 
-def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False
-                  ) -> List[str]:
+def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False,
+                  ddp_split: bool = True) -> List[str]:
     """``torch.compile`` everything after the lookup as one graph (``perf.compile``): the dense arch, the
     interaction, the over arch and the loss (:meth:`DLRMTrainAutocast.dense_step`).
 
@@ -269,11 +269,21 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     ``torch._dynamo.config.error_on_nested_fx_trace`` is turned off and that trace runs the uncompiled code (the
     torch.compile documentation's setting for this case).
 
+    Under DDP (TorchRec wraps the dense modules in DDP, on one rank too) dynamo's DDPOptimizer, on by default,
+    splits that graph at DDP's gradient buckets (``perf.ddp_bucket_cap_mb``; about 3 pieces for the 64 MiB of
+    MLPerf dense gradients at 25 MiB), so each bucket's all-reduce can start while the rest of the backward runs.
+    ``ddp_split=False`` keeps one graph: measured on H200 it is no faster on one GPU or two (on two GPUs 14.97
+    against 14.99 ms per step on one host, 0.4 ms slower on a noisier one; docs/benchmarks.md, sixth session), so
+    the split stays the default.
+
     Args:
         train_model: the unwrapped :class:`DLRMTrainAutocast` (``dmp.module``).
         mode: ``torch.compile`` mode (``perf.compile_mode``).
         coordinate_descent_tuning: Inductor's ``coordinate_descent_tuning`` (``perf.coordinate_descent_tuning``;
             a process-wide Inductor setting): tune the block sizes of the generated triton kernels while compiling.
+        ddp_split: dynamo's DDPOptimizer (``torch._dynamo.config.optimize_ddp``, process-wide, read when the step
+            first compiles; ``perf.compile_ddp_split``): under DDP the graph is split at the gradient buckets so
+            each bucket's all-reduce can start during the backward; False compiles one graph.
 
     A CUDA-graph ``mode`` (``reduce-overhead``, ``max-autotune``; the config refuses them, the benchmark times them)
     sets ``train_model.cuda_graphs``: ``forward`` then marks each step's start and copies the step's outputs out of
@@ -288,10 +298,12 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     torch._dynamo.config.error_on_nested_fx_trace = False
     if coordinate_descent_tuning:
         inductor_config.coordinate_descent_tuning = True
+    torch._dynamo.config.optimize_ddp = ddp_split
     train_model.compiled_step = torch.compile(train_model.dense_step, mode=None if mode == "default" else mode)
     train_model.cuda_graphs = mode in ("reduce-overhead", "max-autotune")
     train_model.compiled_parts = [f"model.{n}" for n in DENSE_MODULES if getattr(train_model.model, n, None)
                                   is not None] + ["loss"]
-    log.info("torch.compile (mode %s%s): %s as one graph", mode,
-             ", coordinate descent tuning" if coordinate_descent_tuning else "", ", ".join(train_model.compiled_parts))
+    log.info("torch.compile (mode %s%s): %s as one graph%s", mode,
+             ", coordinate descent tuning" if coordinate_descent_tuning else "", ", ".join(train_model.compiled_parts),
+             "" if ddp_split else ", not split at DDP's buckets")
     return train_model.compiled_parts

@@ -494,7 +494,8 @@ def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: Opti
           batch_size: int, pooling_factors: Optional[Dict[str, float]] = None,
           constraint_hook: Optional[ConstraintHook] = None, fused_params: Optional[Dict[str, Any]] = None,
           allreduce_dtype: str = "fp32", allreduce_group: str = "shared",
-          allreduce_max_ctas: Optional[int] = None) -> Tuple[DistributedModelParallel, ShardingPlan]:
+          allreduce_max_ctas: Optional[int] = None, ddp_bucket_cap_mb: int = 25
+          ) -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners).
 
     ``fused_params`` go to the TBE kernels (e.g. ``{"output_dtype": SparseType.BF16}``, :func:`fused_params_of`).
@@ -503,7 +504,7 @@ def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: Opti
     on one rank). ``allreduce_group`` (``perf.allreduce_group``): ``shared``, or ``dedicated`` for DDP on a process
     group of its own (:class:`dlrm.comms.DedicatedGroupDataParallelWrapper`; collective: every rank creates it;
     none on one rank), whose NCCL communicator uses at most ``allreduce_max_ctas`` thread blocks (None: NCCL's
-    choice).
+    choice). ``ddp_bucket_cap_mb`` (``perf.ddp_bucket_cap_mb``): DDP's gradient bucket size in MiB.
 
     Returns ``(dmp, plan)``; the planner's estimates are on ``dmp.plan_info`` (:class:`PlanInfo`).
     """
@@ -511,9 +512,10 @@ def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: Opti
     info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
     # one rank has nothing to reduce: a compress hook there would only round the gradients
     precision = None if allreduce_dtype == "fp32" or info.world_size == 1 else allreduce_dtype
-    wrapper = (DedicatedGroupDataParallelWrapper(allreduce_group_of_ddp(allreduce_max_ctas), precision)
+    wrapper = (DedicatedGroupDataParallelWrapper(allreduce_group_of_ddp(allreduce_max_ctas), precision,
+                                                 bucket_cap_mb=ddp_bucket_cap_mb)
                if allreduce_group == "dedicated" and info.world_size > 1
-               else DefaultDataParallelWrapper(allreduce_comm_precision=precision))
+               else DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_cap_mb, allreduce_comm_precision=precision))
     dmp = DistributedModelParallel(module=model, device=info.device, plan=info_.plan,
                                    sharders=sharders(fused_params), data_parallel_wrapper=wrapper)
     dmp.plan_info = info_  # type: ignore[attr-defined]

@@ -110,9 +110,9 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
                       constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
                       fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
                       allreduce_dtype=perf.allreduce_dtype, allreduce_group=perf.allreduce_group,
-                      allreduce_max_ctas=perf.allreduce_max_ctas)
+                      allreduce_max_ctas=perf.allreduce_max_ctas, ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb)
     if perf.compile:
-        compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning)
+        compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
@@ -201,10 +201,12 @@ class Trainer:
         log.info("perf %s: tables %s, pooled embeddings %s, autocast %s, tf32 %s, compile %s, TBE bounds check %s, "
                  "all-reduce %s", p.name, p.embedding_dtype, p.embedding_output_dtype, p.autocast,
                  p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
-                 f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''})"
+                 f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''}"
+                 f"{'' if p.compile_ddp_split else ', one graph (not split at DDP buckets)'})"
                  if p.compile else "off", p.tbe_bounds_check,
                  f"{p.allreduce_dtype} on the {p.allreduce_group} group"
                  + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
+                 + (f", {p.ddp_bucket_cap_mb} MiB buckets" if p.ddp_bucket_cap_mb != 25 else "")
                  if info.world_size > 1 else "none (one rank)")
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))

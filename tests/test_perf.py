@@ -66,6 +66,10 @@ def test_perf_presets_compose() -> None:
     (["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=0"], "config key `perf.allreduce_max_ctas`: got 0; "
      "use a count of thread blocks >= 1, or null for NCCL's choice"),
     (["perf.allreduce_dtype=int8"], "config key `perf.allreduce_dtype`: got 'int8'; use fp32, fp16 or bf16"),
+    (["perf.compile_ddp_split=false"], "config key `perf.compile_ddp_split`: splits the compiled dense step and has "
+     "no effect while perf.compile=false; add perf.compile=true"),
+    (["perf.ddp_bucket_cap_mb=0"], "config key `perf.ddp_bucket_cap_mb`: got 0; use a bucket size in MiB >= 1 (25: "
+     "PyTorch's default)"),
     (["perf.compile_mode=fast"], "config key `perf.compile_mode`: got 'fast'; use one of ('default', "
      "'max-autotune-no-cudagraphs')"),
     (["perf.compile_mode=reduce-overhead"], "config key `perf.compile_mode`: reduce-overhead captures CUDA graphs, "
@@ -341,6 +345,8 @@ def _train(overrides: List[str], batches: list) -> Dict[str, Any]:
         str(t.local_shards()[0].tensor.dtype if hasattr(t, "local_shards") else t.dtype)
         for st in dmp.fused_optimizer.state.values() for k, t in st.items() if "momentum" in k})
     res["compiled"] = list(dmp.module.compiled_parts)
+    res["bucket_bytes_cap"] = dmp._dmp_wrapped_module.bucket_bytes_cap  # DDP's, as TorchRec built it
+    res["optimize_ddp"] = torch._dynamo.config.optimize_ddp  # what the step compiled under
     return res
 
 
@@ -354,6 +360,8 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     out = {"fp32": _train([], batches)}
     out["compile"] = _train(["perf.compile=true"], batches)
     out["unique_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    out["one_graph"] = _train(["perf.compile=true", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=1"],
+                              batches)
     out["fp16"] = _train(["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=fp16"], batches)
     out["batches"] = batches
     return out
@@ -378,6 +386,16 @@ def test_compiled_dense_side_trains_like_eager_through_the_pipeline(trained) -> 
     # of a table after 6 steps, Adagrad with a zero-started accumulator amplifying near-zero gradients)
     for t, w in eager["tables"].items():
         torch.testing.assert_close(comp["tables"][t], w, rtol=1e-5, atol=1e-5)
+
+
+def test_one_graph_and_bucket_size_keys_reach_dynamo_and_ddp(trained) -> None:
+    """``perf.compile_ddp_split=false`` compiles with dynamo's DDPOptimizer off, ``perf.ddp_bucket_cap_mb`` sets
+    DDP's bucket size, and the step trains as the default compiled one does."""
+    split, one = trained["compile"], trained["one_graph"]
+    assert (split["optimize_ddp"], one["optimize_ddp"]) == (True, False)
+    assert (split["bucket_bytes_cap"], one["bucket_bytes_cap"]) == (25 * 2**20, 2**20)
+    assert len(one["losses"]) == STEPS
+    torch.testing.assert_close(torch.tensor(one["losses"]), torch.tensor(split["losses"]), rtol=1e-5, atol=0)
 
 
 def test_fp16_tables_and_pooled_embeddings_on_cpu(trained) -> None:
