@@ -41,10 +41,11 @@ dense step reaches autograd as a few pieces (dynamo's DDPOptimizer splits it at 
 ``perf.compile_ddp_split``; one piece without it), and each piece hands its dense gradients to DDP when its
 backward ends, so DDP issues bucket all-reduces *before* the backward all-to-all of the pooled embeddings, which
 needs the input gradient of the first piece. On one communicator that all-to-all, and the TBE backward behind it,
-wait for those all-reduces. On a group of its own the all-reduce runs beside the all-to-all and the TBE backward. TorchRec's
-``DefaultDataParallelWrapper`` takes the group from the ``ShardingEnv`` (the same group the sharded modules use),
-so the wrapper hands it a copy of the env that names the dedicated group; nothing else changes (the private
-method it overrides, ``DefaultDataParallelWrapper._ddp_wrap``, is in ``PRIVATE_NAMES`` and checked by the tests).
+wait for those all-reduces. On a group of its own the all-reduce runs beside the all-to-all and the TBE backward.
+TorchRec's ``DefaultDataParallelWrapper`` takes the group from the ``ShardingEnv`` (the same group the sharded
+modules use), so the wrapper hands it a copy of the env that names the dedicated group; nothing else changes (the
+private method it overrides, ``DefaultDataParallelWrapper._ddp_wrap``, is in ``PRIVATE_NAMES`` and checked by the
+tests).
 Measured with ``perf=fast`` on 2x H200 it is not faster: the all-reduce's NCCL kernels then take SMs from the work
 beside them (docs/benchmarks.md).
 """

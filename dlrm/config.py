@@ -447,8 +447,8 @@ class PerfConfig:
         ddp_bucket_cap_mb: DDP's gradient bucket size in MiB (TorchRec ``DefaultDataParallelWrapper``
             ``bucket_cap_mb``; 25 is TorchRec's and PyTorch's default). Larger buckets mean fewer, larger
             all-reduces (and, with ``compile_ddp_split``, fewer graph pieces). The MLPerf DLRM-v2 dense side holds
-            about 64 MiB of fp32 gradients. Same numerics. Measured on 2x H200: 100 MiB within the run-to-run
-            spread of 25, 8 MiB 1.0 ms per step slower (docs/benchmarks.md).
+            about 61 MiB of fp32 gradients (16 M parameters). Same numerics. Measured on 2x H200: 100 MiB within
+            the run-to-run spread of 25, 8 MiB 1.0 ms per step slower (docs/benchmarks.md).
     """
 
     name: str = "fp32"

@@ -270,7 +270,7 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     torch.compile documentation's setting for this case).
 
     Under DDP (TorchRec wraps the dense modules in DDP, on one rank too) dynamo's DDPOptimizer, on by default,
-    splits that graph at DDP's gradient buckets (``perf.ddp_bucket_cap_mb``; about 3 pieces for the 64 MiB of
+    splits that graph at DDP's gradient buckets (``perf.ddp_bucket_cap_mb``; a few pieces for the 61 MiB of
     MLPerf dense gradients at 25 MiB), so each bucket's all-reduce can start while the rest of the backward runs.
     ``ddp_split=False`` keeps one graph: measured on H200 it is no faster on one GPU or two (on two GPUs 14.97
     against 14.99 ms per step on one host, 0.4 ms slower on a noisier one; docs/benchmarks.md, sixth session), so
