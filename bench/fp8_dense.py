@@ -1,10 +1,10 @@
 """FP8 matrix products for the dense step (torchao float8 training) against the bf16 step of ``perf=fast`` (issue 9).
 
-    # H200 (needs CUDA sm90+ and torchao; torchao 0.17.0 is the release built for torch 2.11)
+    # H200 (needs CUDA sm89+ and torchao; torchao 0.17.0 is the release built for torch 2.11)
     pip install torchao==0.17.0
     python bench/fp8_dense.py --batch-size 32768 --recipes bf16 tensorwise rowwise rowwise_with_gw_hp
-    # CPU smoke test (the bf16 path only, tiny sizes; numbers meaningless)
-    python bench/fp8_dense.py --smoke
+    # CPU smoke test (the bf16 path only, tiny sizes; numbers meaningless), with the venv of `make`
+    .venv/bin/python bench/fp8_dense.py --smoke
 
 What is timed: the trainer's dense step (``DLRMTrainAutocast.dense_step`` of the MLPerf DLRM-v2 model: dense arch,
 DCN interaction, over arch and BCE loss, bf16 autocast, compiled as one graph by ``dlrm.model.compile_dense``), its

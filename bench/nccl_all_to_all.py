@@ -3,8 +3,8 @@
 
     # 2x H200 (NCCL 2.28+: torch 2.11's build has 2.28.9)
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/nccl_all_to_all.py --out /tmp/a2a
-    # CPU smoke test (gloo, the SM cases only, tiny sizes; numbers meaningless)
-    torchrun --standalone --nproc_per_node 2 bench/nccl_all_to_all.py --smoke --out /tmp/a2a
+    # CPU smoke test (gloo, the SM cases only, tiny sizes; numbers meaningless), with the venv of `make`
+    .venv/bin/torchrun --standalone --nproc_per_node 2 bench/nccl_all_to_all.py --smoke --out /tmp/a2a
 
 Why: on 2x H200 the collectives of a ``perf=fast`` step sit on its critical path, and every way of overlapping
 them with compute measured so far (other streams, phases, fewer CTAs) lost what it gained to the SMs that NCCL's
@@ -15,7 +15,7 @@ measures what that path would buy before any trainer code depends on it.
 
 What is timed (CUDA-synchronised wall time per iteration, ``--iters`` iterations after 3 warm-up ones, barrier
 before), for a bf16 payload the size of one step's output dist (``--batch-size`` x ``--dim-per-rank`` per
-destination rank: 32768 x 13 tables x 128 by default, about 109 MB sent per rank):
+destination rank: 32768 x 13 tables x 128 by default, about 109 MB from each rank to each other one):
 
 * ``a2a``: one ``all_to_all_single``;
 * ``mm``: ``--matmuls`` bf16 products ``[B, 3456] x [3456, 1024]`` (the DCN/over-arch shape class);
@@ -27,7 +27,8 @@ TorchRec's ``alltoall_pooled`` passes them: grouped send/recv kernels), ``ce`` /
 ``NCCL_CTA_POLICY_ZERO``, symmetric buffers), ``ce_group_plain_buffers`` (that group, ordinary buffers: NCCL
 falls back to kernels). Each row checks that every rank received the other ranks' values.
 
-Output: one line per case and rank; ``nccl_all_to_all.json`` (rank 0's rows) under ``--out``.
+Output: one line per case and rank; ``nccl_all_to_all.json`` (rank 0's rows; ``meta.bytes_per_destination``: the
+bytes each rank sends to each rank) under ``--out``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -100,7 +102,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     b = torch.randn(a.shape[1], 1024 if cuda else 32, device=device, dtype=torch.bfloat16)
     expected = torch.cat([torch.full((chunk,), float(r + 1), dtype=torch.bfloat16) for r in range(world)])
     cases = [("sm", dist.group.WORLD, inp, out, False), ("sm_splits", dist.group.WORLD, inp, out, True)]
-    meta: Dict[str, Any] = {"world": world, "backend": dist.get_backend(), "bytes_per_rank": n * 2,
+    meta: Dict[str, Any] = {"world": world, "backend": dist.get_backend(), "bytes_per_destination": chunk * 2,
                             "torch": torch.__version__}
     if cuda:
         meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
@@ -137,8 +139,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
         row = {"case": name, "a2a_ms": t_a2a, "mm_ms": t_mm, "both_ms": t_both, "added_ms": t_both - t_mm,
                "correct": correct}
         rows.append(row)
-        print(f"[rank {rank}] {name:24s} a2a {t_a2a:.3f} ms | {args.matmuls} matmuls {t_mm:.3f} | both {t_both:.3f} "
-              f"(+{t_both - t_mm:.3f}) | correct {correct}", flush=True)
+        sys.stdout.write(f"[rank {rank}] {name:24s} a2a {t_a2a:.3f} ms | {args.matmuls} matmuls {t_mm:.3f} | both "
+                         f"{t_both:.3f} (+{t_both - t_mm:.3f}) | correct {correct}\n")  # one write: lines stay whole
+        sys.stdout.flush()
     if args.out and rank == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "nccl_all_to_all.json"), "w") as f:

@@ -442,13 +442,14 @@ class PerfConfig:
             gradient buckets (``torch._dynamo.config.optimize_ddp``, a process-wide dynamo setting; true is
             PyTorch's default), so each bucket's all-reduce can start while the rest of the dense backward runs.
             false: one graph, forward and backward, and the all-reduces start after the whole dense backward
-            (Inductor fuses across the bucket boundaries, and there are fewer graph calls per step). Measured on
-            H200: no faster on one GPU or two (docs/benchmarks.md, sixth session).
+            (Inductor fuses across the bucket boundaries, and there are fewer graph calls per step). Not yet
+            measured on GPU: the sixth session's A/B reused the default's compiled graphs (docs/benchmarks.md).
         ddp_bucket_cap_mb: DDP's gradient bucket size in MiB (TorchRec ``DefaultDataParallelWrapper``
             ``bucket_cap_mb``; 25 is TorchRec's and PyTorch's default). Larger buckets mean fewer, larger
             all-reduces (and, with ``compile_ddp_split``, fewer graph pieces). The MLPerf DLRM-v2 dense side holds
-            about 61 MiB of fp32 gradients (16 M parameters). Same numerics. Measured on 2x H200: 100 MiB within
-            the run-to-run spread of 25, 8 MiB 1.0 ms per step slower (docs/benchmarks.md).
+            about 61 MiB of fp32 gradients (16 M parameters). Same numerics. Measured on 2x H200 for DDP's
+            buckets only (the compiled step stayed split at 25): 100 MiB within the run-to-run spread of 25, 8 MiB
+            1.0-1.2 ms per step slower on one noisy host (docs/benchmarks.md).
     """
 
     name: str = "fp32"

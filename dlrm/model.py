@@ -258,8 +258,9 @@ DENSE_MODULES = ("dense_arch", "inter_arch", "over_arch")
 
 def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False,
                   ddp_split: bool = True) -> List[str]:
-    """``torch.compile`` everything after the lookup as one graph (``perf.compile``): the dense arch, the
-    interaction, the over arch and the loss (:meth:`DLRMTrainAutocast.dense_step`).
+    """``torch.compile`` everything after the lookup as one graph (``perf.compile``; under DDP split at its gradient
+    buckets, below): the dense arch, the interaction, the over arch and the loss
+    (:meth:`DLRMTrainAutocast.dense_step`).
 
     One graph rather than one per module lets Inductor fuse across the modules' boundaries (the casts autocast
     adds between them, the loss): on an H200 at batch 32768 that saved 0.3 ms of kernels and 0.5 ms per step
@@ -272,9 +273,8 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     Under DDP (TorchRec wraps the dense modules in DDP, on one rank too) dynamo's DDPOptimizer, on by default,
     splits that graph at DDP's gradient buckets (``perf.ddp_bucket_cap_mb``; a few pieces for the 61 MiB of
     MLPerf dense gradients at 25 MiB), so each bucket's all-reduce can start while the rest of the backward runs.
-    ``ddp_split=False`` keeps one graph: measured on H200 it is no faster on one GPU or two (on two GPUs 14.97
-    against 14.99 ms per step on one host, 0.4 ms slower on a noisier one; docs/benchmarks.md, sixth session), so
-    the split stays the default.
+    ``ddp_split=False`` keeps one graph; its speed is not yet measured on GPU (docs/benchmarks.md, sixth session),
+    and the split stays the default.
 
     Args:
         train_model: the unwrapped :class:`DLRMTrainAutocast` (``dmp.module``).
@@ -284,6 +284,12 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
         ddp_split: dynamo's DDPOptimizer (``torch._dynamo.config.optimize_ddp``, process-wide, read when the step
             first compiles; ``perf.compile_ddp_split``): under DDP the graph is split at the gradient buckets so
             each bucket's all-reduce can start during the backward; False compiles one graph.
+
+    It first resets dynamo (``torch._dynamo.reset()``: every compiled function of the process recompiles on its
+    next call). Dynamo caches compiled code per code object, so without it a second build in one process (another
+    variant of ``bench/throughput.py``, a test) reused the first build's graphs whenever the guards passed, even
+    when this build set other compile settings; the sixth session's same-process A/Bs of ``ddp_split`` and the
+    bucket size measured that reuse (docs/benchmarks.md).
 
     A CUDA-graph ``mode`` (``reduce-overhead``, ``max-autotune``; the config refuses them, the benchmark times them)
     sets ``train_model.cuda_graphs``: ``forward`` then marks each step's start and copies the step's outputs out of
@@ -299,11 +305,15 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     if coordinate_descent_tuning:
         inductor_config.coordinate_descent_tuning = True
     torch._dynamo.config.optimize_ddp = ddp_split
+    # dynamo caches compiled code per code object, and dense_step's is shared by every model built in this process:
+    # without a reset a second build (a benchmark variant, a test) would run the first build's graphs, compiled
+    # under the first build's settings (optimize_ddp, Inductor's tuning), whatever this build asked for
+    torch._dynamo.reset()
     train_model.compiled_step = torch.compile(train_model.dense_step, mode=None if mode == "default" else mode)
     train_model.cuda_graphs = mode in ("reduce-overhead", "max-autotune")
     train_model.compiled_parts = [f"model.{n}" for n in DENSE_MODULES if getattr(train_model.model, n, None)
                                   is not None] + ["loss"]
-    log.info("torch.compile (mode %s%s): %s as one graph%s", mode,
+    log.info("torch.compile (mode %s%s): %s as one graph, %s", mode,
              ", coordinate descent tuning" if coordinate_descent_tuning else "", ", ".join(train_model.compiled_parts),
-             "" if ddp_split else ", not split at DDP's buckets")
+             "split at DDP's gradient buckets (when DDP wraps it)" if ddp_split else "not split at DDP's buckets")
     return train_model.compiled_parts

@@ -199,15 +199,14 @@ class Trainer:
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
         p = cfg.perf
         log.info("perf %s: tables %s, pooled embeddings %s, autocast %s, tf32 %s, compile %s, TBE bounds check %s, "
-                 "all-reduce %s", p.name, p.embedding_dtype, p.embedding_output_dtype, p.autocast,
+                 "all-reduce %s, DDP buckets %d MiB", p.name, p.embedding_dtype, p.embedding_output_dtype, p.autocast,
                  p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
                  f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''}"
                  f"{'' if p.compile_ddp_split else ', one graph (not split at DDP buckets)'})"
                  if p.compile else "off", p.tbe_bounds_check,
                  f"{p.allreduce_dtype} on the {p.allreduce_group} group"
                  + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
-                 + (f", {p.ddp_bucket_cap_mb} MiB buckets" if p.ddp_bucket_cap_mb != 25 else "")
-                 if info.world_size > 1 else "none (one rank)")
+                 if info.world_size > 1 else "none (one rank)", p.ddp_bucket_cap_mb)
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))

@@ -78,6 +78,6 @@ def test_nccl_all_to_all_smoke_two_processes(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     data = json.loads((tmp_path / "nccl_all_to_all.json").read_text())
     assert data["meta"]["backend"] == "gloo" and data["meta"]["world"] == 2
-    assert data["meta"]["bytes_per_rank"] == 8 * 16 * 2 * 2  # batch x dims x ranks x bf16
+    assert data["meta"]["bytes_per_destination"] == 8 * 16 * 2  # batch x dims x bf16
     assert [r["case"] for r in data["results"]] == ["sm", "sm_splits"]  # copy-engine cases need NCCL
     assert all(r["correct"] and r["a2a_ms"] > 0 for r in data["results"]), data["results"]

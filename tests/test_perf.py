@@ -313,11 +313,11 @@ def _full_tables(dmp) -> Dict[str, torch.Tensor]:
     return out
 
 
-def _train(overrides: List[str], batches: list) -> Dict[str, Any]:
+def _train(overrides: List[str], batches: list, base: List[str] = TINY) -> Dict[str, Any]:
     from dlrm.dist import init_distributed
     from dlrm.trainer import build_training
 
-    cfg = to_config(compose(TINY + overrides))
+    cfg = to_config(compose(base + overrides))
     info = init_distributed("cpu")
     torch.manual_seed(0)
     built = build_training(cfg, info, BATCH)
@@ -362,6 +362,14 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     out["unique_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     out["one_graph"] = _train(["perf.compile=true", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=1"],
                               batches)
+    # an over arch of 1.9 MiB of fp32 weights, so that 1 MiB buckets split the step; pieces counted as the
+    # graphs AOTAutograd compiles
+    wide = [o for o in TINY if not o.startswith("model.over_arch")] + ["model.over_arch_layer_sizes=[1024,256,1]"]
+    for name, split in (("wide_split", "true"), ("wide_one_graph", "false")):
+        before = torch._dynamo.utils.counters["aot_autograd"]["total"]
+        out[name] = _train(["perf.compile=true", f"perf.compile_ddp_split={split}", "perf.ddp_bucket_cap_mb=1"],
+                           batches, base=wide)
+        out[name]["graphs"] = torch._dynamo.utils.counters["aot_autograd"]["total"] - before
     out["fp16"] = _train(["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=fp16"], batches)
     out["batches"] = batches
     return out
@@ -389,13 +397,20 @@ def test_compiled_dense_side_trains_like_eager_through_the_pipeline(trained) -> 
 
 
 def test_one_graph_and_bucket_size_keys_reach_dynamo_and_ddp(trained) -> None:
-    """``perf.compile_ddp_split=false`` compiles with dynamo's DDPOptimizer off, ``perf.ddp_bucket_cap_mb`` sets
-    DDP's bucket size, and the step trains as the default compiled one does."""
+    """``perf.compile_ddp_split=false`` compiles with dynamo's DDPOptimizer off (one graph where the default makes
+    one per DDP bucket), ``perf.ddp_bucket_cap_mb`` sets DDP's bucket size, and the step trains as the default
+    compiled one does."""
     split, one = trained["compile"], trained["one_graph"]
     assert (split["optimize_ddp"], one["optimize_ddp"]) == (True, False)
     assert (split["bucket_bytes_cap"], one["bucket_bytes_cap"]) == (25 * 2**20, 2**20)
     assert len(one["losses"]) == STEPS
     torch.testing.assert_close(torch.tensor(one["losses"]), torch.tensor(split["losses"]), rtol=1e-5, atol=0)
+    # a dense side larger than a bucket: the default splits the compiled step into pieces, the key keeps one
+    wide_split, wide_one = trained["wide_split"], trained["wide_one_graph"]
+    assert (wide_one["graphs"], wide_one["optimize_ddp"]) == (1, False)
+    assert wide_split["graphs"] >= 2 and wide_split["optimize_ddp"], wide_split["graphs"]
+    torch.testing.assert_close(torch.tensor(wide_one["losses"]), torch.tensor(wide_split["losses"]), rtol=1e-5,
+                               atol=0)
 
 
 def test_fp16_tables_and_pooled_embeddings_on_cpu(trained) -> None:
