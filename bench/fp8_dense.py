@@ -12,7 +12,8 @@ backward, and the dense Adagrad step, on fixed random inputs (dense features ``[
 ``[B, 26, 128]`` bf16 with ``requires_grad``, labels). No TorchRec lookup, no DDP, no collectives: this isolates the
 matrix products the FP8 lever would change (4.6 ms of the 12.9 ms 1-GPU step at batch 32768; docs/benchmarks.md).
 So there is no stock-TorchRec row: the baseline is the ``bf16`` recipe (today's ``perf=fast`` numerics), timed in
-the same process, first and last.
+the same process, first and last. Without DDP the step compiles unsplit, where the trainer's is split at DDP's
+gradient buckets (``perf.compile_ddp_split``).
 
 Recipes (torchao ``Float8LinearConfig.from_recipe_name``): ``tensorwise`` (one scale per tensor, cuBLAS),
 ``rowwise`` (a scale per row, CUTLASS), ``rowwise_with_gw_hp`` (rowwise, weight gradients in bf16). Every

@@ -34,7 +34,7 @@ Commands (the lead's runs; results go to ``--out``: ``pipeline_ab.json`` and ``p
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --suite offload \\
         --full-cardinality --sparse-opts adagrad --load-factors 0.2 --profile-kernels
     # CPU smoke test (gloo, tiny sizes): the same code paths, numbers meaningless
-    torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --smoke --out /tmp/ab
+    .venv/bin/torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --smoke --out /tmp/ab
 """
 
 from __future__ import annotations

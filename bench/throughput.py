@@ -6,7 +6,7 @@ in the same process and on the same batches (issue 9).
     # 2x H200
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/throughput.py --batch-sizes 8192 32768
     # CPU smoke test (gloo, tiny model): the same code paths, numbers meaningless
-    torchrun --standalone --nproc_per_node 2 bench/throughput.py --smoke --out /tmp/tp
+    .venv/bin/torchrun --standalone --nproc_per_node 2 bench/throughput.py --smoke --out /tmp/tp
 
 What is timed, per variant and per-rank batch size: ``--repeats`` repeats of ``--steps`` steps after ``--warmup``
 untimed steps, a device synchronize and a barrier (a rank still copying must not look like a slow collective);
@@ -141,21 +141,23 @@ def _torchrec_sparse_arch(built: Any) -> None:
 
 
 def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default",
-                              coordinate_descent_tuning: bool = False) -> List[str]:
+                              coordinate_descent_tuning: bool = False, ddp_split: bool = True) -> List[str]:
     """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it: not faster on
     H200, and the trainer's validation, which failed with it before the step's outputs were copied out of the
     graphs, has not been re-run; the training step alone, which is what is timed here, runs."""
-    return compile_dense(train_model, "reduce-overhead", coordinate_descent_tuning)
+    return compile_dense(train_model, "reduce-overhead", coordinate_descent_tuning, ddp_split)
 
 
 def _compile_modules_apart(train_model: torch.nn.Module, mode: str = "default",
-                           coordinate_descent_tuning: bool = False) -> List[str]:
+                           coordinate_descent_tuning: bool = False, ddp_split: bool = True) -> List[str]:
     """What ``perf.compile`` did before session 4: the dense arch, the interaction and the over arch compiled as
     three modules (``nn.Module.compile``), the loss eager; ``compile_dense`` now compiles them and the loss as one
     graph. Kept to A/B the two."""
     import torch._dynamo
 
     torch._dynamo.config.error_on_nested_fx_trace = False
+    torch._dynamo.config.optimize_ddp = ddp_split
+    torch._dynamo.reset()  # as compile_dense: no graphs of an earlier build in this process
     done = []
     for name in DENSE_MODULES:
         getattr(train_model.model, name).compile(mode=None if mode == "default" else mode)

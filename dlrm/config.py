@@ -434,10 +434,11 @@ class PerfConfig:
             Inductor setting): the block sizes of the generated triton kernels are tuned while compiling, which
             makes the first steps slower.
         compile_mode: ``torch.compile`` mode: ``default`` or ``max-autotune-no-cudagraphs``. The CUDA-graph
-            modes (``reduce-overhead``, ``max-autotune``) are refused: on H200 the trainer's run with them failed at
-            validation ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run": the
-            graphs' output buffers are reused while the step's logits are still held), and at batch 32768 they
-            were not faster (13.7 vs 13.6 ms/step; docs/benchmarks.md).
+            modes (``reduce-overhead``, ``max-autotune``) are refused: at batch 32768 on H200 they were not faster
+            (fifth session: 13.07 against 12.95 ms/step on one GPU, 15.06 against 15.04 on two), and the trainer's
+            run with them, which failed at validation before the step's outputs were copied out of the graphs'
+            reused buffers ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"),
+            has not been re-tested since (docs/benchmarks.md).
         compile_ddp_split: with ``compile``, let dynamo's DDPOptimizer split the compiled dense step at DDP's
             gradient buckets (``torch._dynamo.config.optimize_ddp``, a process-wide dynamo setting; true is
             PyTorch's default), so each bucket's all-reduce can start while the rest of the dense backward runs.
@@ -487,8 +488,9 @@ class PerfConfig:
                f"{self.embedding_output_dtype} pooled embeddings cannot meet {self.autocast} autocast (autocast's "
                f"torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype={self.autocast} or fp32")
         _check(self.compile_mode not in ("reduce-overhead", "max-autotune"), "perf.compile_mode",
-               f"{self.compile_mode} captures CUDA graphs, whose reused output buffers break this trainer's "
-               f"validation (measured on H200, docs/benchmarks.md); use default or max-autotune-no-cudagraphs")
+               f"{self.compile_mode} captures CUDA graphs: not faster on H200, and the trainer's validation with "
+               f"them is not re-tested since it failed (docs/benchmarks.md); use default or "
+               f"max-autotune-no-cudagraphs")
         modes = ("default", "max-autotune-no-cudagraphs")
         _check(self.compile_mode in modes, "perf.compile_mode", f"got {self.compile_mode!r}; use one of {modes}")
         _check(self.compile or self.compile_mode == "default", "perf.compile_mode",

@@ -258,8 +258,8 @@ DENSE_MODULES = ("dense_arch", "inter_arch", "over_arch")
 
 def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False,
                   ddp_split: bool = True) -> List[str]:
-    """``torch.compile`` everything after the lookup as one graph (``perf.compile``; under DDP split at its gradient
-    buckets, below): the dense arch, the interaction, the over arch and the loss
+    """``torch.compile`` everything after the lookup as one compiled region (``perf.compile``; under DDP, dynamo
+    splits it at the gradient buckets, below): the dense arch, the interaction, the over arch and the loss
     (:meth:`DLRMTrainAutocast.dense_step`).
 
     One graph rather than one per module lets Inductor fuse across the modules' boundaries (the casts autocast
@@ -302,8 +302,8 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     import torch._inductor.config as inductor_config
 
     torch._dynamo.config.error_on_nested_fx_trace = False
-    if coordinate_descent_tuning:
-        inductor_config.coordinate_descent_tuning = True
+    # process-wide: set either way, so an earlier build's tuning does not carry over to this one
+    inductor_config.coordinate_descent_tuning = coordinate_descent_tuning
     torch._dynamo.config.optimize_ddp = ddp_split
     # dynamo caches compiled code per code object, and dense_step's is shared by every model built in this process:
     # without a reset a second build (a benchmark variant, a test) would run the first build's graphs, compiled
@@ -313,7 +313,8 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     train_model.cuda_graphs = mode in ("reduce-overhead", "max-autotune")
     train_model.compiled_parts = [f"model.{n}" for n in DENSE_MODULES if getattr(train_model.model, n, None)
                                   is not None] + ["loss"]
-    log.info("torch.compile (mode %s%s): %s as one graph, %s", mode,
+    log.info("torch.compile (mode %s%s): %s as one region, %s", mode,
              ", coordinate descent tuning" if coordinate_descent_tuning else "", ", ".join(train_model.compiled_parts),
-             "split at DDP's gradient buckets (when DDP wraps it)" if ddp_split else "not split at DDP's buckets")
+             "split at DDP's gradient buckets (one piece where the dense side fits one bucket)" if ddp_split
+             else "one unsplit graph")
     return train_model.compiled_parts

@@ -202,7 +202,7 @@ class Trainer:
                  "all-reduce %s, DDP buckets %d MiB", p.name, p.embedding_dtype, p.embedding_output_dtype, p.autocast,
                  p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
                  f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''}"
-                 f"{'' if p.compile_ddp_split else ', one graph (not split at DDP buckets)'})"
+                 f"{', split at DDP buckets' if p.compile_ddp_split else ', one unsplit graph'})"
                  if p.compile else "off", p.tbe_bounds_check,
                  f"{p.allreduce_dtype} on the {p.allreduce_group} group"
                  + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
