@@ -34,6 +34,7 @@ import json
 import os
 import statistics
 import sys
+import time
 import types
 from typing import Any, Dict, List, Optional
 
@@ -143,7 +144,6 @@ def time_recipe(recipe: str, model_cfg: ModelConfig, batch: int, device: torch.d
             sync()
             times.append(start.elapsed_time(end) / steps)
         else:
-            import time
             t0 = time.perf_counter()
             for _ in range(steps):
                 one()

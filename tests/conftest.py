@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import socket
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -82,3 +84,14 @@ def run_gloo(world: int, fn: Callable, *args: Any, timeout: float = 300) -> List
 
 def python() -> str:
     return sys.executable
+
+
+def bench_smoke_two_processes(script: str, out: Path, result_file: str) -> dict:
+    """Run ``bench/<script> --smoke --out <out>`` under torchrun in 2 gloo processes; assert it exits 0 and return
+    the JSON it wrote to ``out / result_file``."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc_per_node", "2", f"bench/{script}",
+                        "--smoke", "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    return json.loads((out / result_file).read_text())

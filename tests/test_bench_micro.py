@@ -4,18 +4,14 @@ docs/benchmarks.md): ``bench/fp8_dense.py`` (the trainer's dense step; float8 re
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, bench_smoke_two_processes
 
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "bench"))
 
 
@@ -71,12 +67,7 @@ def test_fp8_dense_swaps_every_dense_product() -> None:
 
 
 def test_nccl_all_to_all_smoke_two_processes(tmp_path: Path) -> None:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
-    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "bench/nccl_all_to_all.py",
-                        "--smoke", "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    data = json.loads((tmp_path / "nccl_all_to_all.json").read_text())
+    data = bench_smoke_two_processes("nccl_all_to_all.py", tmp_path, "nccl_all_to_all.json")
     assert data["meta"]["backend"] == "gloo" and data["meta"]["world"] == 2
     assert data["meta"]["bytes_per_destination"] == 8 * 16 * 2  # batch x dims x bf16
     assert [r["case"] for r in data["results"]] == ["sm", "sm_splits"]  # copy-engine cases need NCCL

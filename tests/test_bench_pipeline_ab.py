@@ -3,26 +3,16 @@ and markdown it writes (numbers are not asserted: speed is measured on GPUs, see
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
-
-BIN = Path(sys.executable).parent
+from conftest import REPO, bench_smoke_two_processes
 
 
 def test_pipeline_ab_smoke_two_processes(tmp_path: Path) -> None:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
-    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "bench/pipeline_ab.py",
-                        "--smoke", "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    data = json.loads((tmp_path / "pipeline_ab.json").read_text())
+    data = bench_smoke_two_processes("pipeline_ab.py", tmp_path, "pipeline_ab.json")
     rows = {(r["config"], r["variant"]): r for r in data["results"]}
     assert data["meta"]["world"] == 2 and data["meta"]["backend"] == "gloo"
     for st in ("table_wise", "row_wise"):
