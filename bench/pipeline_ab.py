@@ -127,9 +127,14 @@ def model_config(args: argparse.Namespace, row_cap: Optional[int]) -> ModelConfi
                        dcn_num_layers=3, dcn_low_rank_dim=512)
 
 
-def make_batches(mc: ModelConfig, batch: int, n: int, device: torch.device, host: bool, seed: int) -> List[Batch]:
+IDS_DTYPES = {"int64": torch.int64, "int32": torch.int32}
+
+
+def make_batches(mc: ModelConfig, batch: int, n: int, device: torch.device, host: bool, seed: int,
+                 ids_dtype: torch.dtype = torch.int64) -> List[Batch]:
     """``n`` random batches, built once: uniform ids below each table's rows, ``multi_hot_sizes`` ids per sample
-    and feature (KJT values int64, lengths int32; dense float32 [batch, 13]; labels float32 [batch])."""
+    and feature (KJT values ``ids_dtype``, int64 by default, int32 as ``data=criteo_binary`` loads them; lengths
+    int32; dense float32 [batch, 13]; labels float32 [batch]). The ids are the same values in either dtype."""
     where = torch.device("cpu") if host else device
     g = torch.Generator(device=where).manual_seed(seed)
     rows, sizes = mc.table_rows, mc.multi_hot_sizes
@@ -137,7 +142,7 @@ def make_batches(mc: ModelConfig, batch: int, n: int, device: torch.device, host
     out = []
     for _ in range(n):
         values = torch.cat([torch.randint(0, r, (batch * m,), generator=g, device=where)
-                            for r, m in zip(rows, sizes)])
+                            for r, m in zip(rows, sizes)]).to(ids_dtype)
         b = Batch(dense_features=torch.randn(batch, 13, generator=g, device=where),
                   sparse_features=KeyedJaggedTensor(keys=FEATURE_NAMES, values=values, lengths=lengths),
                   labels=torch.randint(0, 2, (batch,), generator=g, device=where).float())
@@ -190,8 +195,8 @@ class Runner:
             self.pipe = build_pipeline(self.model, self.opt, device, PipelineConfig(name, "shared"))
             if "dedicated" in spec.variants:  # hook before the first batch builds the input dists
                 use_group_for_input_dist(self.model, dist.group.WORLD)
-        self.pool = make_batches(mc, spec.batch, args.pool, device, args.host_batches,
-                                 seed=1000 + dist.get_rank())
+        self.pool = make_batches(mc, spec.batch, args.pool, device, args.host_batches, seed=1000 + dist.get_rank(),
+                                 ids_dtype=IDS_DTYPES[getattr(args, "ids_dtype", "int64")])
 
     def set_variant(self, variant: str) -> None:
         if variant == "dedicated":

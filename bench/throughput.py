@@ -11,8 +11,8 @@ in the same process and on the same batches (issue 9).
 What is timed, per variant and per-rank batch size: ``--repeats`` repeats of ``--steps`` steps after ``--warmup``
 untimed steps, a device synchronize and a barrier (a rank still copying must not look like a slow collective);
 ms/step is the slowest rank's; the median repeat is reported with min and max. Batches are random (uniform ids,
-MLPerf multi-hot sizes: 214 ids per sample), built once on the device before timing and cycled, the same pool for
-every variant.
+MLPerf multi-hot sizes: 214 ids per sample; int64, or int32 with ``--ids-dtype int32`` as ``data=criteo_binary``
+loads them), built once on the device before timing and cycled, the same pool for every variant.
 
 Variants (``--variants``):
   stock      plain TorchRec, the reference's setup (``bench/pipeline_ab.py``'s stock runner: planner, DMP,
@@ -85,6 +85,12 @@ BASE = ["model=dlrm_v2", "model.row_cap=4000000", "optimizer.sparse_type=rowwise
         "data.multi_hot=true"]
 SMOKE_BASE = ["model=dlrm_v2_small", "model.row_cap=1000", "optimizer.lr=0.004"]
 
+# perf=fast as the sixth session left it (fp32 DCN stream, the compiled step split at DDP's 25 MiB buckets), and the
+# seventh session's first step from it (bf16 DCN stream, one unsplit graph; perf=fast then added 100 MiB buckets)
+SESSION6 = ["perf=fast", "perf.dcn_residual_dtype=fp32", "perf.compile_ddp_split=true", "perf.ddp_bucket_cap_mb=25"]
+DCN_ONE_GRAPH = SESSION6[:1] + ["perf.dcn_residual_dtype=autocast", "perf.compile_ddp_split=false",
+                                "perf.ddp_bucket_cap_mb=25"]
+
 LEVERS: Dict[str, List[str]] = {
     "fp32": ["perf=fp32"],  # the trainer at reference numerics (TF32 matmuls, as stock)
     "no_tf32": ["perf=fp32", "perf.tf32=false"],
@@ -95,6 +101,7 @@ LEVERS: Dict[str, List[str]] = {
     "compile": ["perf.compile=true"],
     "autocast_compile": ["perf.autocast=bf16", "perf.embedding_output_dtype=bf16", "perf.compile=true"],
     "fast": ["perf=fast"],
+    "fast_session6": SESSION6,
     "fast_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_adagrad": ["perf=fast", "optimizer.sparse_type=adagrad"],
     "emb_half_fast": ["perf=fast", "perf.embedding_dtype=fp16"],
@@ -116,10 +123,28 @@ LEVERS: Dict[str, List[str]] = {
     "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated", "perf.allreduce_group=dedicated"],
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
     "fast_semi_sync_ar_group": ["perf=fast", "pipeline=semi_sync", "perf.allreduce_group=dedicated"],
-    "fast_one_graph": ["perf=fast", "perf.compile_ddp_split=false"],
-    "fast_bucket100": ["perf=fast", "perf.ddp_bucket_cap_mb=100"],
-    "fast_one_graph_bucket100": ["perf=fast", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=100"],
-    "fast_bucket8": ["perf=fast", "perf.ddp_bucket_cap_mb=8"],
+    # A/Bs of the sixth and seventh sessions, pinned to the perf=fast they ran against (SESSION6; docs/benchmarks.md)
+    "fast_one_graph": SESSION6 + ["perf.compile_ddp_split=false"],
+    "fast_bucket100": SESSION6 + ["perf.ddp_bucket_cap_mb=100"],
+    "fast_one_graph_bucket100": SESSION6 + ["perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=100"],
+    "fast_bucket8": SESSION6 + ["perf.ddp_bucket_cap_mb=8"],
+    "fast_dcn_bf16": SESSION6 + ["perf.dcn_residual_dtype=autocast"],
+    "fast_dcn_bf16_one_graph": DCN_ONE_GRAPH,
+    "fast_dcn_bf16_cd": DCN_ONE_GRAPH + ["perf.coordinate_descent_tuning=true"],
+    "fast_dcn_bf16_one_graph_ar_group": DCN_ONE_GRAPH + ["perf.allreduce_group=dedicated"],
+    "fast_dcn_bf16_one_graph_semi_sync": DCN_ONE_GRAPH + ["pipeline=semi_sync"],
+    "fast_dcn_bf16_cudagraphs": DCN_ONE_GRAPH,  # patched: compile mode reduce-overhead
+    "fast_dcn_bf16_dedicated": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated"],
+    "fast_dcn_bf16_bucket100": DCN_ONE_GRAPH + ["perf.ddp_bucket_cap_mb=100"],  # = today's perf=fast
+    "fast_dcn_bf16_dedicated_semi_sync": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated",
+                                                          "pipeline=semi_sync"],
+    # today's perf=fast with one of its levers undone, or a key on top
+    "fast_split": ["perf=fast", "perf.compile_ddp_split=true"],
+    "fast_dcn_fp32": ["perf=fast", "perf.dcn_residual_dtype=fp32"],
+    "fast_bucket25": ["perf=fast", "perf.ddp_bucket_cap_mb=25"],
+    "fast_dedicated_ctas2": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=2"],
+    "fast_dedicated_ctas4": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=4"],
+    "fast_dedicated_ctas8": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=8"],
 }
 
 
@@ -172,6 +197,7 @@ PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
     "fast_modules_apart": ({"dlrm.trainer:compile_dense": _compile_modules_apart}, None),
     "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
+    "fast_dcn_bf16_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
 }
 DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",
                     "fast_adagrad"]
@@ -217,7 +243,8 @@ class TrainerRunner(ab.Runner):
         self.plan_kernels = sorted({(ps.sharding_type, ps.compute_kernel)
                                     for mp in built.plan.plan.values() for ps in mp.values()})  # type: ignore
         self.mc = cfg.model
-        self.pool = ab.make_batches(cfg.model, batch, args.pool, info.device, False, seed=1000 + dist.get_rank())
+        self.pool = ab.make_batches(cfg.model, batch, args.pool, info.device, False, seed=1000 + dist.get_rank(),
+                                    ids_dtype=ab.IDS_DTYPES[args.ids_dtype])
         self.win = _Window(info.device)
         self.n = 0
 
@@ -353,7 +380,7 @@ def _attach_profile(rows: List[Dict[str, Any]], name: str, batch: int, args: arg
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     lines = [f"# throughput: {meta['date']} on {meta['device']} x{meta['world']} (torch {meta['torch']}, "
              f"torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} steps, warm-up "
-             f"{meta['warmup']})", "",
+             f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')})", "",
              "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock (mean of its 2 runs) | peak GB | plan |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     stock: Dict[int, float] = {}
@@ -399,6 +426,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--first-warmup", type=int, default=25, help="extra untimed steps before the first repeat "
                    "(torch.compile and autotuning)")
     p.add_argument("--pool", type=int, default=8, help="distinct random batches, cycled")
+    p.add_argument("--ids-dtype", choices=sorted(ab.IDS_DTYPES), default="int64",
+                   help="dtype of the KJT ids of every variant, stock included (int32: as data=criteo_binary loads "
+                        "them)")
     p.add_argument("--log-every", type=int, default=20, help="the trainer's logger.log_every_n_steps")
     p.add_argument("--sharding", default="auto",
                    help="the trainer variants' sharding preset. auto (the runs in docs/benchmarks.md): TorchRec's "

@@ -93,14 +93,16 @@ def _dedicated_group(purpose: str, max_ctas: Optional[int] = None) -> dist.Proce
     return _GROUPS[key][0]
 
 
-def input_dist_group() -> dist.ProcessGroup:
+def input_dist_group(max_ctas: Optional[int] = None) -> dist.ProcessGroup:
     """The dedicated input-dist group (``pipeline.input_dist_group=dedicated``): all ranks of the default group,
     its backend; created on the first call (collective: every rank must call it, at the same point) and reused.
+    ``max_ctas`` (``pipeline.input_dist_max_ctas``): the most thread blocks its NCCL kernels may use (NCCL
+    ``maxCTAs``), None for NCCL's choice.
 
     Raises:
-        RuntimeError: the default process group is not initialised.
+        RuntimeError: the default process group is not initialised; ``max_ctas`` off NCCL.
     """
-    return _dedicated_group("input_dist")
+    return _dedicated_group("input_dist", max_ctas)
 
 
 def allreduce_group(max_ctas: Optional[int] = None) -> dist.ProcessGroup:

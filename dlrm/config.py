@@ -366,6 +366,10 @@ class PipelineConfig:
             ``dedicated`` on one extra group over the same ranks created at start-up (its own NCCL communicator and
             stream, so the next batch's keys do not queue behind this step's output dist, backward all-to-all and
             DDP all-reduce; ``dlrm/comms.py``).
+        input_dist_max_ctas: with ``input_dist_group=dedicated``, the most CUDA thread blocks (SMs) NCCL may use
+            for that group's all-to-alls (NCCL ``ncclConfig_t.maxCTAs``); null: NCCL's choice. The input dist
+            moves little data (the ids: 4-8 bytes each), and its kernels run beside the step's compute and
+            collectives, where every thread block they hold is one SM less for those. NCCL only.
         semi_sync_start_batch: with ``semi_sync``, the batch (counted from the pipeline's start, 0-based) from
             which lookups run ahead; the batches before it train synchronously, each ending with a device
             synchronize (TorchRec's ``start_batch``; TorchRec's default is 900, to let early training settle).
@@ -373,6 +377,7 @@ class PipelineConfig:
 
     name: str = "sparse_dist"
     input_dist_group: str = "shared"
+    input_dist_max_ctas: Optional[int] = None
     semi_sync_start_batch: int = 0
 
     def __post_init__(self) -> None:
@@ -383,6 +388,11 @@ class PipelineConfig:
                f"got {self.semi_sync_start_batch}; use a batch index >= 0")
         _check(self.input_dist_group in ("shared", "dedicated"), "pipeline.input_dist_group",
                f"got {self.input_dist_group!r}; use shared or dedicated")
+        _check(self.input_dist_max_ctas is None or self.input_dist_max_ctas >= 1, "pipeline.input_dist_max_ctas",
+               f"got {self.input_dist_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice")
+        _check(self.input_dist_max_ctas is None or self.input_dist_group == "dedicated", "pipeline.input_dist_max_ctas",
+               "sets the dedicated input-dist group's NCCL communicator (CUDA runs only) and has no effect while "
+               "pipeline.input_dist_group=shared; add pipeline.input_dist_group=dedicated, or drop it on CPU")
 
 
 @dataclass
@@ -424,6 +434,16 @@ class PerfConfig:
             outside the table.
         autocast: ``none``, ``bf16`` or ``fp16``: run the dense arch, the interaction (DCN) and the over arch
             under ``torch.autocast`` (weights stay fp32; the loss is computed in fp32 from fp32 logits).
+        dcn_residual_dtype: dtype of the DCN's residual stream under ``autocast`` (each cross layer's
+            ``x_{l+1} = x_0 * (W (V x_l) + b) + x_l`` and its gradient, ``[B, 27 * 128]`` for MLPerf): ``fp32``
+            (TorchRec's ``LowRankCrossNet``: its fp32 bias promotes every layer's output, and so the elementwise
+            work and memory traffic of the cross layers forward and backward, to fp32) or ``autocast`` (the bias
+            and ``x_0`` are cast to the products' dtype, so the stream stays in the autocast dtype:
+            :class:`dlrm.model.AutocastLowRankCrossNet`; parameters stay fp32 and keep their names). ``autocast``
+            needs ``perf.autocast`` on and ``model.interaction=dcn`` (refused otherwise). Without autocast both
+            compute the same values bit for bit. ``perf=fast`` uses ``autocast``: on H200 at batch 32768 it saved
+            0.5 ms per step on one GPU, and with one graph 0.1-0.3 ms more on two; validation AUC within 0.002 of
+            fp32 over 3 seeds on the synthetic and Kaggle data (docs/benchmarks.md, seventh session).
         tf32: allow TF32 matrix products for fp32 work on CUDA (``torch.backends.cuda.matmul.allow_tf32``;
             MLPerf reference: on). Ignored on CPU.
         compile: ``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph (split
@@ -432,10 +452,15 @@ class PerfConfig:
             unchanged). The first steps and every new batch size compile (tens of seconds).
         coordinate_descent_tuning: with ``compile``, Inductor's ``coordinate_descent_tuning`` (a process-wide
             Inductor setting): the block sizes of the generated triton kernels are tuned while compiling, which
-            makes the first steps slower.
-        compile_mode: ``torch.compile`` mode: ``default`` or ``max-autotune-no-cudagraphs``. The CUDA-graph
+            makes the first steps slower. No consistent gain on 2x H200 (seventh session: 13.83 and 13.95 against
+            13.90-14.13 ms/step).
+        compile_mode: ``torch.compile`` mode: ``default`` or ``max-autotune-no-cudagraphs`` (Inductor benchmarks
+            triton matrix-product templates against cuBLAS while compiling: on one H200 the first steps took about
+            4.5 min, with many "No valid triton configs" errors logged, for 11.77 against 11.99 ms/step; not in
+            ``perf=fast``). The CUDA-graph
             modes (``reduce-overhead``, ``max-autotune``) are refused: at batch 32768 on H200 they were not faster
-            (fifth session: 13.07 against 12.95 ms/step on one GPU, 15.06 against 15.04 on two), and the trainer's
+            (fifth session: 13.07 against 12.95 ms/step on one GPU, 15.06 against 15.04 on two; seventh, with one
+            graph: 13.91 against 13.90 on two), and the trainer's
             run with them, which failed at validation before the step's outputs were copied out of the graphs'
             reused buffers ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"),
             has not been re-tested since (docs/benchmarks.md).
@@ -443,14 +468,16 @@ class PerfConfig:
             gradient buckets (``torch._dynamo.config.optimize_ddp``, a process-wide dynamo setting; true is
             PyTorch's default), so each bucket's all-reduce can start while the rest of the dense backward runs.
             false: one graph, forward and backward, and the all-reduces start after the whole dense backward
-            (Inductor fuses across the bucket boundaries, and there are fewer graph calls per step). Not yet
-            measured on GPU: the sixth session's A/B reused the default's compiled graphs (docs/benchmarks.md).
+            (Inductor fuses across the bucket boundaries, and there are fewer graph calls per step). On H200 at
+            batch 32768, false was 0.55 ms per step faster on two GPUs and 0.65 ms on one (seventh session,
+            docs/benchmarks.md); ``perf=fast`` sets false.
         ddp_bucket_cap_mb: DDP's gradient bucket size in MiB (TorchRec ``DefaultDataParallelWrapper``
             ``bucket_cap_mb``; 25 is TorchRec's and PyTorch's default). Larger buckets mean fewer, larger
             all-reduces (and, with ``compile_ddp_split``, fewer graph pieces). The MLPerf DLRM-v2 dense side holds
-            about 61 MiB of fp32 gradients (16 M parameters). Same numerics. Measured on 2x H200 for DDP's
-            buckets only (the compiled step stayed split at 25): 100 MiB within the run-to-run spread of 25, 8 MiB
-            1.0-1.2 ms per step slower on one noisy host (docs/benchmarks.md).
+            about 61 MiB of fp32 gradients (16 M parameters). Same numerics. On 2x H200: 100 MiB was 0.1 ms per
+            step faster than 25 with one graph (seventh session), and with the split step 0.2 ms faster on one
+            host and within the spread on another; 8 MiB 1.0-1.2 ms slower on one noisy host
+            (docs/benchmarks.md). ``perf=fast`` sets 100.
     """
 
     name: str = "fp32"
@@ -461,6 +488,7 @@ class PerfConfig:
     allreduce_max_ctas: Optional[int] = None
     tbe_bounds_check: str = "warning"
     autocast: str = "none"
+    dcn_residual_dtype: str = "fp32"
     tf32: bool = True
     compile: bool = False
     compile_mode: str = "default"
@@ -487,6 +515,11 @@ class PerfConfig:
                "perf.embedding_output_dtype",
                f"{self.embedding_output_dtype} pooled embeddings cannot meet {self.autocast} autocast (autocast's "
                f"torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype={self.autocast} or fp32")
+        _check(self.dcn_residual_dtype in ("fp32", "autocast"), "perf.dcn_residual_dtype",
+               f"got {self.dcn_residual_dtype!r}; use fp32 or autocast")
+        _check(self.dcn_residual_dtype == "fp32" or self.autocast != "none", "perf.dcn_residual_dtype",
+               "autocast keeps the DCN's residual stream in the autocast dtype and has no effect while "
+               "perf.autocast=none; add perf.autocast=bf16, or use perf.dcn_residual_dtype=fp32")
         _check(self.compile_mode not in ("reduce-overhead", "max-autotune"), "perf.compile_mode",
                f"{self.compile_mode} captures CUDA graphs: not faster on H200, and the trainer's validation with "
                f"them is not re-tested since it failed (docs/benchmarks.md); use default or "
@@ -729,6 +762,9 @@ class Config:
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"got {self.device!r}; use auto, cpu or cuda")
         _check(self.profile_wait_steps >= 0, "profile_wait_steps", "must be >= 0")
         _check(self.profile_steps > 0, "profile_steps", "must be positive")
+        _check(self.perf.dcn_residual_dtype == "fp32" or self.model.interaction == "dcn", "perf.dcn_residual_dtype",
+               f"autocast sets the dtype of the DCN cross layers, and model.interaction={self.model.interaction} "
+               f"has none; use perf.dcn_residual_dtype=fp32 or model.interaction=dcn")
         if self.offload.name == "uvm_caching":
             _check(self.pipeline.name == "prefetch", "pipeline.name",
                    f"offload=uvm_caching trains with the prefetch pipeline (cache rows of batch i+1 fetched during "

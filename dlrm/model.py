@@ -15,9 +15,10 @@ import torch
 from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, SparseArch
+from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
-from dlrm.config import NUM_DENSE_FEATURES, ModelConfig, PerfConfig
+from dlrm.config import NUM_DENSE_FEATURES, ConfigError, ModelConfig, PerfConfig
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,33 @@ class ZeroCopySparseArch(SparseArch):
         return cache[(keys, device)]
 
 
+class AutocastLowRankCrossNet(LowRankCrossNet):
+    """TorchRec's ``LowRankCrossNet`` (DCNv2 low-rank cross layers, ``x_{l+1} = x_0 * (W (V x_l) + b) + x_l``)
+    whose residual stream stays in the dtype of its matrix products (``perf.dcn_residual_dtype=autocast``).
+
+    Under ``torch.autocast`` TorchRec's forward computes ``W (V x_l)`` in bf16 but adds the fp32 bias, which
+    promotes ``x_{l+1}`` and every later layer, their gradients and the elementwise kernels around them to fp32:
+    ``[B, 3456]`` fp32 tensors (453 MB each at batch 32768 for MLPerf DLRM-v2) read and written several times per
+    layer, forward and backward. Here the bias and ``x_0`` are cast to the products' dtype, so those tensors are
+    bf16 (half the bytes). The parameters are TorchRec's (same names, fp32, same init): the class only replaces
+    ``forward`` (:func:`build_model` swaps the class of the ``LowRankCrossNet`` that ``DLRM_DCN`` builds). Without
+    autocast (fp32 inputs) every cast is a no-op and the values equal TorchRec's bit for bit.
+
+    Shapes: ``input`` ``[B, in_features]`` (any float dtype) -> ``[B, in_features]`` in the products' dtype
+    (the autocast dtype, or the input's without autocast).
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        x_0 = input
+        x_l = x_0
+        for layer in range(self._num_layers):
+            x_l_v = torch.nn.functional.linear(x_l, self.V_kernels[layer])
+            x_l_w = torch.nn.functional.linear(x_l_v, self.W_kernels[layer])
+            dtype = x_l_w.dtype  # a proxy's attribute too, so TorchRec's pipeline can fx-trace this
+            x_l = x_0.to(dtype) * (x_l_w + self.bias[layer].to(dtype)) + x_l.to(dtype)
+        return x_l
+
+
 class DLRMTrainAutocast(DLRMTrain):
     """``DLRMTrain`` with the dense side optionally under ``torch.autocast`` (``perf.autocast``) and compiled as one
     graph (``perf.compile``, :func:`compile_dense`).
@@ -220,12 +248,17 @@ def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
         table_device: device of the embedding tables; ``meta`` (default) for DMP, ``cpu`` for an unsharded
             reference model in tests.
         skip_nonfinite: wrap in :class:`DLRMTrainSkipNonFinite` instead of :class:`DLRMTrainAutocast`.
-        perf: ``perf.embedding_dtype`` (table weights) and ``perf.autocast`` (dense side); default fp32, no
-            autocast. ``perf.compile`` is applied after sharding (:func:`compile_dense`).
+        perf: ``perf.embedding_dtype`` (table weights), ``perf.autocast`` (dense side) and
+            ``perf.dcn_residual_dtype`` (:class:`AutocastLowRankCrossNet`); default fp32, no autocast.
+            ``perf.compile`` is applied after sharding (:func:`compile_dense`).
 
     Returns:
         ``DLRMTrain`` whose ``forward(batch)`` returns ``(loss, (loss, logits, labels))``; logits are float32
         of shape ``[batch]``.
+
+    Raises:
+        ConfigError: ``perf.dcn_residual_dtype=autocast`` on a model without TorchRec's ``LowRankCrossNet``
+            (``model.interaction=dot``; :func:`dlrm.config.to_config` refuses that combination first).
     """
     perf = perf or PerfConfig()
     ebc = EmbeddingBagCollection(tables=table_configs(cfg, perf.embedding_dtype), device=table_device)
@@ -248,6 +281,13 @@ def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
             dense_device=dense_device,
         )
     net.sparse_arch = ZeroCopySparseArch(ebc)  # same submodule names: plans and checkpoints are unchanged
+    if perf.dcn_residual_dtype == "autocast":
+        crossnet = getattr(net.inter_arch, "crossnet", None)
+        if type(crossnet) is not LowRankCrossNet:
+            raise ConfigError(f"config key `perf.dcn_residual_dtype`: autocast replaces TorchRec's LowRankCrossNet, "
+                              f"and this model's cross network is {type(crossnet).__name__}; use "
+                              f"perf.dcn_residual_dtype=fp32")
+        crossnet.__class__ = AutocastLowRankCrossNet  # forward only: no state of its own, same parameters
     cls = DLRMTrainSkipNonFinite if skip_nonfinite else DLRMTrainAutocast
     amp = None if perf.autocast == "none" else TORCH_DTYPES[perf.autocast]
     return cls(net, amp, (dense_device or torch.device("cpu")).type)
@@ -273,8 +313,9 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     Under DDP (TorchRec wraps the dense modules in DDP, on one rank too) dynamo's DDPOptimizer, on by default,
     splits that graph at DDP's gradient buckets (``perf.ddp_bucket_cap_mb``; a few pieces for the 61 MiB of
     MLPerf dense gradients at 25 MiB), so each bucket's all-reduce can start while the rest of the backward runs.
-    ``ddp_split=False`` keeps one graph; its speed is not yet measured on GPU (docs/benchmarks.md, sixth session),
-    and the split stays the default.
+    ``ddp_split=False`` keeps one graph: on H200 at batch 32768 that was 0.55-0.65 ms per step faster, on one GPU
+    and on two (docs/benchmarks.md, seventh session), and ``perf=fast`` uses it; the split stays PyTorch's
+    default.
 
     Args:
         train_model: the unwrapped :class:`DLRMTrainAutocast` (``dmp.module``).

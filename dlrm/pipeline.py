@@ -78,14 +78,18 @@ CUDA_ONLY = {
 
 
 def check_pipeline_device(cfg: PipelineConfig, device: torch.device) -> None:
-    """Refuse a CUDA-only pipeline off CUDA (the trainer calls this before loading data).
+    """Refuse a CUDA-only pipeline setting off CUDA (the trainer calls this before loading data).
 
     Raises:
-        ConfigError: ``pipeline=prefetch`` or ``pipeline=fused_sparse_dist`` on a non-CUDA device.
+        ConfigError: ``pipeline=prefetch``, ``fused_sparse_dist`` or ``semi_sync`` on a non-CUDA device; an NCCL
+            thread-block cap (``pipeline.input_dist_max_ctas``) there.
     """
     if cfg.name in CUDA_ONLY and device.type != "cuda":
         raise ConfigError(f"config key `pipeline.name`: pipeline={cfg.name} {CUDA_ONLY[cfg.name]} and needs CUDA, "
                           f"but this run is on {device.type}; use pipeline=sparse_dist on CPU")
+    if cfg.input_dist_max_ctas is not None and device.type != "cuda":
+        raise ConfigError(f"config key `pipeline.input_dist_max_ctas`: an NCCL communicator setting, and this run is "
+                          f"on {device.type} (gloo); drop it (pipeline.input_dist_max_ctas=null)")
 
 
 def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
@@ -96,12 +100,13 @@ def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dev
     every rank) and hooks every sharded module of ``model`` to it.
 
     Raises:
-        ConfigError: a CUDA-only pipeline off CUDA (:func:`check_pipeline_device`).
+        ConfigError: a CUDA-only pipeline setting off CUDA (:func:`check_pipeline_device`).
     """
     check_pipeline_device(cfg, device)
     if cfg.input_dist_group == "dedicated":
-        n = use_group_for_input_dist(model, input_dist_group())
-        log.info("input dist of %d sharded module(s) on a dedicated process group", n)
+        n = use_group_for_input_dist(model, input_dist_group(cfg.input_dist_max_ctas))
+        log.info("input dist of %d sharded module(s) on a dedicated process group%s", n,
+                 "" if cfg.input_dist_max_ctas is None else f" (NCCL thread blocks <= {cfg.input_dist_max_ctas})")
     cls = PIPELINES[cfg.name]
     if cls is TrainPipelineBase:
         return cls(model, optimizer, device)

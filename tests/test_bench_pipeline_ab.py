@@ -72,3 +72,26 @@ def test_idle_gaps_splits_host_and_device_waits() -> None:
     bare = ab.idle_gaps({"traceEvents": [e for e in events if e.get("cat") != "python_function"]}, steps=2)
     assert [label for _, label, _, _ in bare["top"]] == ["cudaStreamSynchronize -> B", "launch -> F", "C (stream 9)"]
     assert bare["idle_ms_per_step"] == out["idle_ms_per_step"]
+
+
+def test_batch_pool_ids_dtype() -> None:
+    """``--ids-dtype int32`` (bench/throughput.py) gives the same ids as int64, in the dtype ``data=criteo_binary``
+    loads them in; lengths stay int32."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import pipeline_ab as ab
+
+    from dlrm.config import ModelConfig
+
+    mc = ModelConfig(name="t", embedding_dim=8, row_cap=1000, multi_hot_sizes=[3] * 26,
+                     dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1], dcn_num_layers=1,
+                     dcn_low_rank_dim=4)
+    cpu = torch.device("cpu")
+    b64 = ab.make_batches(mc, 4, 2, cpu, False, seed=7)
+    b32 = ab.make_batches(mc, 4, 2, cpu, False, seed=7, ids_dtype=ab.IDS_DTYPES["int32"])
+    for x, y in zip(b64, b32):
+        v64, v32 = x.sparse_features.values(), y.sparse_features.values()
+        assert (v64.dtype, v32.dtype, y.sparse_features.lengths().dtype) == (torch.int64, torch.int32, torch.int32)
+        assert v32.numel() == 4 * 3 * 26 and torch.equal(v32.long(), v64)
+        assert torch.equal(x.dense_features, y.dense_features) and torch.equal(x.labels, y.labels)

@@ -368,11 +368,30 @@ def test_pipeline_and_offload_keys_validate() -> None:
     with pytest.raises(ConfigError, match="config key `pipeline.name`: offload=uvm_caching .* add pipeline=prefetch"):
         to_config(compose(["offload=uvm_caching"]))
     for override, key in [("pipeline.input_dist_group=own", "pipeline.input_dist_group"),
+                          ("pipeline.input_dist_max_ctas=0", "pipeline.input_dist_max_ctas"),
                           ("offload.cache_load_factor=0", "offload.cache_load_factor"),
                           ("offload.cache_algorithm=fifo", "offload.cache_algorithm"),
                           ("offload.min_table_rows=-1", "offload.min_table_rows")]:
         with pytest.raises(ConfigError, match=f"config key `{key}`"):
             to_config(compose(["pipeline=prefetch", "offload=uvm_caching", override]))
+
+
+def test_input_dist_thread_block_cap_needs_the_dedicated_group_and_nccl() -> None:
+    from dlrm.pipeline import check_pipeline_device
+
+    cfg = to_config(compose(["pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=4"])).pipeline
+    assert (cfg.input_dist_group, cfg.input_dist_max_ctas) == ("dedicated", 4)
+    assert to_config(compose([])).pipeline.input_dist_max_ctas is None
+    with pytest.raises(ConfigError) as e:
+        to_config(compose(["pipeline.input_dist_max_ctas=4"]))
+    assert str(e.value) == ("config key `pipeline.input_dist_max_ctas`: sets the dedicated input-dist group's NCCL "
+                            "communicator (CUDA runs only) and has no effect while pipeline.input_dist_group=shared; "
+                            "add pipeline.input_dist_group=dedicated, or drop it on CPU")
+    with pytest.raises(ConfigError) as e:
+        check_pipeline_device(cfg, torch.device("cpu"))
+    assert str(e.value) == ("config key `pipeline.input_dist_max_ctas`: an NCCL communicator setting, and this run "
+                            "is on cpu (gloo); drop it (pipeline.input_dist_max_ctas=null)")
+    check_pipeline_device(cfg, torch.device("cuda"))  # accepted there: the cap goes to the group's NCCL options
 
 
 def test_offload_constraints_pick_tables_by_size() -> None:
