@@ -442,8 +442,9 @@ class PerfConfig:
             :class:`dlrm.model.AutocastLowRankCrossNet`; parameters stay fp32 and keep their names). ``autocast``
             needs ``perf.autocast`` on and ``model.interaction=dcn`` (refused otherwise). Without autocast both
             compute the same values bit for bit. ``perf=fast`` uses ``autocast``: on H200 at batch 32768 it saved
-            0.5 ms per step on one GPU, and with one graph 0.1-0.3 ms more on two; validation AUC within 0.002 of
-            fp32 over 3 seeds on the synthetic and Kaggle data (docs/benchmarks.md, seventh session).
+            0.52 ms per step on one GPU with the step split at DDP's buckets, and with one graph 0.12 ms on one GPU
+            and 0.26 ms on two; validation AUC within 0.002 of fp32 over 3 seeds on the synthetic and Kaggle data
+            (docs/benchmarks.md, seventh session).
         tf32: allow TF32 matrix products for fp32 work on CUDA (``torch.backends.cuda.matmul.allow_tf32``;
             MLPerf reference: on). Ignored on CPU.
         compile: ``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph (split
