@@ -431,9 +431,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "them)")
     p.add_argument("--log-every", type=int, default=20, help="the trainer's logger.log_every_n_steps")
     p.add_argument("--sharding", default="auto",
-                   help="the trainer variants' sharding preset. auto (the runs in docs/benchmarks.md): TorchRec's "
-                        "planner picks, and on 1 GPU it chose table_wise, table_column_wise or column_wise in "
-                        "different runs; table_wise matches what it gives stock and removes that variance")
+                   help="the trainer variants' sharding preset. auto: TorchRec's planner picks (the second "
+                        "session's runs; on 1 GPU it then chose table_wise, table_column_wise or column_wise in "
+                        "different runs); table_wise (every run since the third session in docs/benchmarks.md) "
+                        "matches what the planner gives stock and removes that variance")
     p.add_argument("--profile", nargs="*", default=[], help="variants whose GPU time is broken down (e.g. fast)")
     p.add_argument("--alternate", action="store_true", help="build all --variants first and interleave their "
                    "repeats (A B B A ...); they must fit in memory together (two capped models do at 32768)")

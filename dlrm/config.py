@@ -476,9 +476,9 @@ class PerfConfig:
             ``bucket_cap_mb``; 25 is TorchRec's and PyTorch's default). Larger buckets mean fewer, larger
             all-reduces (and, with ``compile_ddp_split``, fewer graph pieces). The MLPerf DLRM-v2 dense side holds
             about 61 MiB of fp32 gradients (16 M parameters). Same numerics. On 2x H200: 100 MiB was 0.1 ms per
-            step faster than 25 with one graph (seventh session), and with the split step 0.2 ms faster on one
-            host and within the spread on another; 8 MiB 1.0-1.2 ms slower on one noisy host
-            (docs/benchmarks.md). ``perf=fast`` sets 100.
+            step faster than 25 with one graph (seventh session). The sixth session's figures timed DDP's reducer
+            only, with the compiled step still split at 25 MiB: 100 MiB within each host's spread, 8 MiB 1.0-1.2
+            ms slower on one noisy host (docs/benchmarks.md). ``perf=fast`` sets 100.
     """
 
     name: str = "fp32"
