@@ -152,8 +152,9 @@ class AutocastLowRankCrossNet(LowRankCrossNet):
         for layer in range(self._num_layers):
             x_l_v = torch.nn.functional.linear(x_l, self.V_kernels[layer])
             x_l_w = torch.nn.functional.linear(x_l_v, self.W_kernels[layer])
-            dtype = x_l_w.dtype  # a proxy's attribute too, so TorchRec's pipeline can fx-trace this
-            x_l = x_0.to(dtype) * (x_l_w + self.bias[layer].to(dtype)) + x_l.to(dtype)
+            if layer == 0:  # the products' dtype is known from here (a proxy's attribute under TorchRec's fx trace)
+                x_0 = x_l = x_0.to(x_l_w.dtype)
+            x_l = x_0 * (x_l_w + self.bias[layer].to(x_l_w.dtype)) + x_l
         return x_l
 
 

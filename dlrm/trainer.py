@@ -201,8 +201,8 @@ class Trainer:
         log.info("perf %s: tables %s, pooled embeddings %s, autocast %s (DCN residual stream %s), tf32 %s, compile %s, "
                  "TBE bounds check %s, all-reduce %s, DDP buckets %d MiB", p.name, p.embedding_dtype,
                  p.embedding_output_dtype, p.autocast,
-                 p.autocast if p.dcn_residual_dtype == "autocast" and p.autocast != "none" else "fp32"
-                 if cfg.model.interaction == "dcn" else "n/a: no DCN",
+                 "n/a: no DCN" if cfg.model.interaction != "dcn" else
+                 p.autocast if p.dcn_residual_dtype == "autocast" else "fp32",
                  p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
                  f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''}"
                  f"{', split at DDP buckets' if p.compile_ddp_split else ', one unsplit graph'})"
