@@ -48,6 +48,14 @@ them and the loss as one graph). Each row records what the patch changed (``spar
 two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``, the
 host side slowing; not analysed), so compare compiled variants in the default blocked mode, one built at a time.
 
+``--probe host:0.5 gpu:0.5`` times each trainer variant again, on the same built model, with that many ms added
+to every step on the host (a spin after the step is issued) or on the GPU (a spinning kernel on the compute stream):
+a step that grows by the full amount is bound by that side; one that does not grow had that much slack.
+
+``fast_plan_a`` / ``fast_plan_b`` train with the hand-balanced table_wise plans in ``bench/plans/`` (2 ranks, the
+capped MLPerf tables; ``sharding.plan_path``), written from the planner's plan after a trace showed one rank's TBE
+backward 0.73 ms longer (docs/benchmarks.md, eighth session).
+
 Output: ``throughput.json`` and ``throughput.md`` under ``--out`` (default ``bench/results/<timestamp>``).
 """
 
@@ -145,6 +153,24 @@ LEVERS: Dict[str, List[str]] = {
     "fast_dedicated_ctas2": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=2"],
     "fast_dedicated_ctas4": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=4"],
     "fast_dedicated_ctas8": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=8"],
+    # the hybrid placement (eighth session): the 18 tables of at most 100k rows (MLPerf: 3 .. 39,060 rows, 44 of
+    # the 214 ids per sample) data_parallel; t_cat_20 (100 ids per sample) also split in two column halves, or
+    # in two row halves, so that its lookups are shared by the ranks
+    "fast_hybrid": ["perf=fast", "sharding.data_parallel_max_rows=100000"],
+    "fast_hybrid_cw20": ["perf=fast", "sharding.data_parallel_max_rows=100000",
+                         "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
+                         "+sharding.constraints.t_cat_20.min_partition=64"],
+    "fast_hybrid_rw20": ["perf=fast", "sharding.data_parallel_max_rows=100000",
+                         "+sharding.constraints.t_cat_20.sharding_types=[row_wise]"],
+    "fast_lean_output_dist": ["perf=fast", "perf.lean_output_dist=true"],
+    "fast_compiled_optimizer": ["perf=fast"],  # patched: the dense Adagrad step compiled
+    "fast_hybrid_compiled_optimizer": ["perf=fast", "sharding.data_parallel_max_rows=100000"],  # patched, as above
+    # table_wise plans rebalanced by hand from the eighth session's 2-GPU trace (rank 1's TBE backward ran 0.7 ms
+    # longer): t_cat_11 (a: and t_cat_10, b) and t_cat_15 moved to rank 0, t_cat_5 and t_cat_12 to rank 1
+    "fast_plan_a": ["perf=fast", "sharding.plan_path=bench/plans/tw2_a.json"],
+    "fast_plan_b": ["perf=fast", "sharding.plan_path=bench/plans/tw2_b.json"],
+    "fast_cw20": ["perf=fast", "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
+                  "+sharding.constraints.t_cat_20.min_partition=64"],
 }
 
 
@@ -191,6 +217,29 @@ def _compile_modules_apart(train_model: torch.nn.Module, mode: str = "default",
     return done
 
 
+def _compile_dense_optimizer(built: Any) -> None:
+    """The dense Adagrad's step compiled by torch.compile (PyTorch's compiled-optimizer recipe: one or a few
+    fused kernels for every dense parameter in place of foreach launches); the lr stays a float, constant in
+    this bench."""
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+
+    def leaves(o: Any) -> List[Any]:
+        if isinstance(o, CombinedOptimizer):
+            return [x for _, sub in o.optimizers for x in leaves(sub)]
+        return [o]
+
+    done = 0
+    for o in leaves(built.optimizer):
+        if isinstance(o, KeyedOptimizerWrapper) and isinstance(o._optimizer, torch.optim.Adagrad) and \
+                not any("embedding_bags" in n for n in o.params):  # the MLPs' (data_parallel tables: not here)
+            inner = o._optimizer
+            orig = inner.step
+            compiled = torch.compile(lambda orig=orig: orig())
+            inner.step = lambda closure=None, compiled=compiled: compiled()
+            done += 1
+    assert done == 1, done
+
+
 # variant -> ({"module:attribute": value swapped in during build_training}, patch of the built stack)
 PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_sparsearch_copy": ({}, _torchrec_sparse_arch),
@@ -198,6 +247,8 @@ PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_modules_apart": ({"dlrm.trainer:compile_dense": _compile_modules_apart}, None),
     "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
     "fast_dcn_bf16_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
+    "fast_compiled_optimizer": ({}, _compile_dense_optimizer),
+    "fast_hybrid_compiled_optimizer": ({}, _compile_dense_optimizer),
 }
 DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",
                     "fast_adagrad"]
@@ -248,15 +299,43 @@ class TrainerRunner(ab.Runner):
         self.win = _Window(info.device)
         self.n = 0
 
+    probe: Optional[Tuple[str, float]] = None  # --probe: (host | gpu, ms) added to every step
+
     def after_step(self, out: Any) -> None:
         self.scheduler.step()
         self.win.add(out[0], out[1], out[2], out[3] if len(out) > 3 else None, int(out[2].shape[0]))
         self.n += 1
         if self.n % self.args.log_every == 0:
             self.win.reduce(True)  # the trainer's per-window sync: loss, train AUC, non-finite check
+        if self.probe is not None:
+            kind, ms = self.probe
+            if kind == "host":  # spin, not sleep: a sleep's wake-up adds a variable 50-100 us
+                end = time.perf_counter() + ms / 1000.0
+                while time.perf_counter() < end:
+                    pass
+            else:  # a kernel that spins ms on the compute stream, queued after the step's optimizer
+                torch.cuda._sleep(int(ms * _cycles_per_ms(self.device)))
 
 
-def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
+_CYCLES: Dict[str, float] = {}
+
+
+def _cycles_per_ms(device: torch.device) -> float:
+    """GPU clock cycles per ms of ``torch.cuda._sleep``, measured once with CUDA events."""
+    if str(device) not in _CYCLES:
+        torch.cuda.synchronize(device)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        n = 1 << 24
+        a.record()
+        torch.cuda._sleep(n)
+        b.record()
+        b.synchronize()
+        _CYCLES[str(device)] = n / a.elapsed_time(b)
+    return _CYCLES[str(device)]
+
+
+def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int
+                ) -> List[Dict[str, Any]]:
     try:
         return _run_variant(name, batch, args, info, world)
     except Exception as e:  # noqa: BLE001 - one failing lever (e.g. a compile mode) must not lose the others
@@ -266,8 +345,8 @@ def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo,
         gc.collect()
         if info.device.type == "cuda":
             torch.cuda.empty_cache()
-        return {"config": name, "batch_per_rank": batch, "error": f"{type(e).__name__}: {e}"[:2000],
-                "overrides": LEVERS.get(name, [])}
+        return [{"config": name, "batch_per_rank": batch, "error": f"{type(e).__name__}: {e}"[:2000],
+                 "overrides": LEVERS.get(name, [])}]
 
 
 def _build(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Tuple[Any, List[str], float]:
@@ -342,10 +421,26 @@ def _finish(name: str, run: Any, overrides: List[str], built_s: float, ms: List[
     return row
 
 
-def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
+def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int
+                 ) -> List[Dict[str, Any]]:
     run, overrides, built_s = _build(name, batch, args, info, world)
     ms = [run.repeat(args.steps, args.warmup if r else args.warmup + args.first_warmup) for r in range(args.repeats)]
-    return _finish(name, run, overrides, built_s, ms, batch, args, info, world, "blocked")
+    rows = []
+    host_ms = run.host_ms  # the probes' repeats overwrite it
+    if isinstance(run, TrainerRunner) and args.probe and info.device.type == "cuda":
+        # the same built model, each probe in turn, then none again (drift check)
+        for probe in [p.split(":") for p in args.probe] + [None]:
+            run.probe = None if probe is None else (probe[0], float(probe[1]))
+            pms = [run.repeat(args.steps, args.warmup) for _ in range(args.repeats)]
+            label = f"{name}+{probe[0]}{probe[1]}ms" if probe else f"{name} (again)"
+            rows.append(ab.summarize(label, None, "-", pms, world, batch, {"overrides": overrides, "probe": probe,
+                                                                           "host_ms_per_step": round(run.host_ms, 3)}))
+            if info.is_main:
+                r = rows[-1]
+                print(f"{label:>16} b{batch}: {r['ms_median']:.3f} ms/step ({r['ms_min']:.3f}-{r['ms_max']:.3f}), "
+                      f"host {run.host_ms:.2f} ms/step", flush=True)
+        run.probe, run.host_ms = None, host_ms
+    return [_finish(name, run, overrides, built_s, ms, batch, args, info, world, "blocked")] + rows
 
 
 def run_alternating(names: List[str], batch: int, args: argparse.Namespace, info: DistInfo, world: int
@@ -440,10 +535,24 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    "repeats (A B B A ...); they must fit in memory together (two capped models do at 32768)")
     p.add_argument("--trace", action="store_true", help="with --profile: also write a Chrome trace (with Python "
                    "stacks) per profiled variant and rank into --out")
+    p.add_argument("--probe", nargs="*", default=[], metavar="host:MS|gpu:MS",
+                   help="after each trainer variant's timing, time it again with MS ms added to every step: on the "
+                        "host (a spin after the step is issued) or on the GPU (a spinning kernel on the compute "
+                        "stream after the step's optimizer); ms/step rising by MS means that side bounds the step, "
+                        "rising less means it had that much slack. CUDA only; rows <variant>+hostMSms / +gpuMSms, "
+                        "then <variant> (again)")
     p.add_argument("--lr", type=float, default=0.004, help="stock runner's lr")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (tests); numbers are meaningless")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    for pr in args.probe:
+        kind, _, ms = pr.partition(":")
+        try:
+            ok = kind in ("host", "gpu") and float(ms) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            p.error(f"--probe {pr}: give host:MS or gpu:MS with MS > 0 (e.g. host:0.5)")
     # attributes pipeline_ab.Runner reads for the stock runner
     args.full_cardinality, args.row_cap, args.host_batches, args.offload_min_rows = False, ab.STOCK_ROW_CAP, False, 0
     if args.smoke:
@@ -475,7 +584,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     for b in args.batch_sizes:
         # --alternate times all variants as one unit; otherwise each variant is built, timed and freed in turn
         units = [lambda: run_alternating(list(args.variants), b, args, info, world)] if args.alternate else \
-            [lambda v=v: [run_variant(v, b, args, info, world)] for v in variants]
+            [lambda v=v: run_variant(v, b, args, info, world) for v in variants]
         # profiles run after every variant of this batch size was timed (see profile_variant)
         units += [lambda v=v: _attach_profile(rows, v, b, args, info, world) for v in dict.fromkeys(args.profile)
                   if v in variants]

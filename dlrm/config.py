@@ -307,6 +307,11 @@ class ShardingConfig:
         ddr_cap_gb: host memory per rank, in GiB (null: this host's RAM / local world size).
         plan_path: a ``plan.json`` written by an earlier run or by ``python -m dlrm.plan``; it is used exactly
             (no planning) after checking it matches the model, world size and device.
+        data_parallel_max_rows: tables with at most this many rows (after ``model.row_cap``) are data_parallel:
+            replicated on every rank, their pooled embeddings never enter the output dist's all-to-all, and their
+            gradients are all-reduced with the dense ones (the hybrid placement of NVIDIA HugeCTR's MLPerf DLRM,
+            which keeps its frequent embeddings data-parallel). A table's own ``constraints`` entry with
+            ``sharding_types`` wins. Such tables need fp32 weights (``perf.embedding_dtype``). null: off.
     """
 
     name: str = "auto"
@@ -319,6 +324,7 @@ class ShardingConfig:
     hbm_cap_gb: Optional[float] = None
     ddr_cap_gb: Optional[float] = None
     plan_path: Optional[str] = None
+    data_parallel_max_rows: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check(self.name in SHARDING_PRESETS, "sharding.name",
@@ -345,6 +351,8 @@ class ShardingConfig:
                 c = self.constraints[table] = TableConstraintConfig(**c)
             c.validate(key)
         _check(0.0 <= self.storage_reservation < 1.0, "sharding.storage_reservation", "must be in [0, 1)")
+        _check(self.data_parallel_max_rows is None or self.data_parallel_max_rows > 0,
+               "sharding.data_parallel_max_rows", "must be a positive number of rows, or null (off)")
         _check(self.hbm_cap_gb is None or self.hbm_cap_gb > 0, "sharding.hbm_cap_gb", "must be positive or null")
         _check(self.ddr_cap_gb is None or self.ddr_cap_gb > 0, "sharding.ddr_cap_gb", "must be positive or null")
 
@@ -479,6 +487,13 @@ class PerfConfig:
             step faster than 25 with one graph (seventh session). The sixth session's figures timed DDP's reducer
             only, with the compiled step still split at 25 MiB: 100 MiB within each host's spread, 8 MiB 1.0-1.2
             ms slower on one noisy host (docs/benchmarks.md). ``perf=fast`` sets 100.
+        lean_output_dist: send the pooled embeddings of table_wise / column_wise / table_row_wise tables (the
+            output dist's all-to-all, forward and backward) without TorchRec's extra passes over them: the staging
+            copy before each forward all-to-all, and the gradient's three-pass regrouping and separate division by
+            the world size, done here in one pass (``dlrm/output_dist.py``). Same collectives, same values bit for
+            bit (CPU tests against TorchRec's). Those passes took 0.13 ms forward and 0.56 ms backward of the
+            slower rank's critical path on 2x H200 (eighth session's trace); the switch itself is not timed on
+            GPU yet, so ``perf=fast`` leaves it off. No effect on one rank.
     """
 
     name: str = "fp32"
@@ -496,6 +511,7 @@ class PerfConfig:
     coordinate_descent_tuning: bool = False
     compile_ddp_split: bool = True
     ddp_bucket_cap_mb: int = 25
+    lean_output_dist: bool = False
 
     def __post_init__(self) -> None:
         for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
@@ -766,6 +782,11 @@ class Config:
         _check(self.perf.dcn_residual_dtype == "fp32" or self.model.interaction == "dcn", "perf.dcn_residual_dtype",
                f"autocast sets the dtype of the DCN cross layers, and model.interaction={self.model.interaction} "
                f"has none; use perf.dcn_residual_dtype=fp32 or model.interaction=dcn")
+        _check(self.sharding.data_parallel_max_rows is None or self.perf.embedding_dtype == "fp32",
+               "sharding.data_parallel_max_rows",
+               f"data_parallel tables are stepped by the dense optimizer in fp32, and perf.embedding_dtype="
+               f"{self.perf.embedding_dtype} gives them half-precision weights; set perf.embedding_dtype=fp32 or "
+               f"sharding.data_parallel_max_rows=null")
         if self.offload.name == "uvm_caching":
             _check(self.pipeline.name == "prefetch", "pipeline.name",
                    f"offload=uvm_caching trains with the prefetch pipeline (cache rows of batch i+1 fetched during "

@@ -227,7 +227,9 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
     ``sharding.compute_kernel``, ``sharding.min_partition``). ``pooling_factors`` (table -> mean ids per
     sample) feeds the planner's cost model when the table has no ``pooling_factors`` of its own. A table with
     fp16/bf16 weights (``perf.embedding_dtype``) and no explicit sharding types (``sharding=auto``) is not offered
-    data_parallel (see :func:`_check_dtypes`).
+    data_parallel (see :func:`_check_dtypes`). With ``sharding.data_parallel_max_rows``, a table of at most that
+    many rows and no ``sharding_types`` of its own is data_parallel on the dense kernel (or its own
+    ``compute_kernels``), whatever the preset says.
 
     Raises:
         PlanError: a constraint names an unknown table; the dim is not a multiple of 4 for a fused kernel; a
@@ -241,6 +243,7 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
                         f"its tables are {tables[0].name} .. {tables[-1].name} ({len(tables)} in all)")
     runnable = sharder.sharding_types(device_type)
     out: Dict[str, ParameterConstraints] = {}
+    dp_rows = cfg.data_parallel_max_rows
     for t in tables:
         c = cfg.constraints.get(t.name)
         ckey = f"sharding.constraints.{t.name}"
@@ -249,9 +252,16 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
         kernels = (c.compute_kernels if c and c.compute_kernels else
                    [cfg.compute_kernel] if cfg.compute_kernel else None)
         kernel_key = f"{ckey}.compute_kernels" if c and c.compute_kernels else "sharding.compute_kernel"
+        if dp_rows is not None and t.rows <= dp_rows and not (c and c.sharding_types):
+            # the hybrid placement: small tables replicated (their pooled embeddings skip the all-to-all); the
+            # preset's kernel is for the model-parallel tables, so these take the dense one unless set per table
+            types, type_key = [ShardingType.DATA_PARALLEL.value], "sharding.data_parallel_max_rows"
+            if not (c and c.compute_kernels):
+                kernels = None
         min_part = c.min_partition if c and c.min_partition else cfg.min_partition
         part_key = f"{ckey}.min_partition" if c and c.min_partition else "sharding.min_partition"
-        if t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types:
+        if t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types and \
+                type_key != "sharding.data_parallel_max_rows":  # that one is refused by _check_dtypes
             # sharding=auto with fp16/bf16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
             # must not pick it (it does for tiny tables on CPU, which made the plan fail after planning)
             types = [s for s in types if s != ShardingType.DATA_PARALLEL.value]

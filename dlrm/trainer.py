@@ -38,6 +38,7 @@ from dlrm.schedule import lr_at, make_scheduler
 from dlrm.model import FEATURE_NAMES, build_model, compile_dense, table_configs
 from dlrm.offload import check_can_train, offload_constraints
 from dlrm.pipeline import build_pipeline, check_pipeline_device
+from dlrm.output_dist import use_lean_output_dist
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, shard
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Built:
     optimizer: CombinedOptimizer  # the fused TBE optimizers plus the dense one
     scheduler: Any
     pipeline: Any
+    lean_output_dists: int = 0  # output dists set up by perf.lean_output_dist (dlrm/output_dist.py)
 
 
 def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite: bool = False) -> Built:
@@ -111,6 +113,12 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
                       fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
                       allreduce_dtype=perf.allreduce_dtype, allreduce_group=perf.allreduce_group,
                       allreduce_max_ctas=perf.allreduce_max_ctas, ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb)
+    lean = 0
+    if perf.lean_output_dist and info.world_size > 1:  # one rank: no all-to-all to change
+        lean = use_lean_output_dist(dmp)
+        log.info("perf.lean_output_dist: %d output dist(s) send pooled embeddings without TorchRec's staging copy, "
+                 "and regroup and divide the gradient in one pass%s", lean,
+                 "" if lean else " (none here: no table_wise, column_wise or table_row_wise tables)")
     if perf.compile:
         compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
@@ -119,7 +127,7 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
     # semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
     pipeline = build_pipeline(dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device,
                               cfg.pipeline)
-    return Built(model, dmp, plan, optimizer, scheduler, pipeline)
+    return Built(model, dmp, plan, optimizer, scheduler, pipeline, lean)
 
 
 class Trainer:
@@ -199,7 +207,7 @@ class Trainer:
                  cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
         p = cfg.perf
         log.info("perf %s: tables %s, pooled embeddings %s, autocast %s (DCN residual stream %s), tf32 %s, compile %s, "
-                 "TBE bounds check %s, all-reduce %s, DDP buckets %d MiB", p.name, p.embedding_dtype,
+                 "TBE bounds check %s, all-reduce %s, DDP buckets %d MiB, output dist %s", p.name, p.embedding_dtype,
                  p.embedding_output_dtype, p.autocast,
                  "n/a: no DCN" if cfg.model.interaction != "dcn" else
                  p.autocast if p.dcn_residual_dtype == "autocast" else "fp32",
@@ -209,7 +217,8 @@ class Trainer:
                  if p.compile else "off", p.tbe_bounds_check,
                  f"{p.allreduce_dtype} on the {p.allreduce_group} group"
                  + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
-                 if info.world_size > 1 else "none (one rank)", p.ddp_bucket_cap_mb)
+                 if info.world_size > 1 else "none (one rank)", p.ddp_bucket_cap_mb,
+                 "lean" if p.lean_output_dist else "torchrec")
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))

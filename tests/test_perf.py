@@ -73,6 +73,12 @@ def test_perf_presets_compose() -> None:
      "no effect while perf.compile=false; add perf.compile=true"),
     (["perf.ddp_bucket_cap_mb=0"], "config key `perf.ddp_bucket_cap_mb`: got 0; use a bucket size in MiB >= 1 (25: "
      "PyTorch's default)"),
+    (["sharding.data_parallel_max_rows=0"], "config key `sharding.data_parallel_max_rows`: must be a positive number "
+     "of rows, or null (off)"),
+    (["sharding.data_parallel_max_rows=1000", "perf.embedding_dtype=fp16"], "config key "
+     "`sharding.data_parallel_max_rows`: data_parallel tables are stepped by the dense optimizer in fp32, and "
+     "perf.embedding_dtype=fp16 gives them half-precision weights; set perf.embedding_dtype=fp32 or "
+     "sharding.data_parallel_max_rows=null"),
     (["perf.compile_mode=fast"], "config key `perf.compile_mode`: got 'fast'; use one of ('default', "
      "'max-autotune-no-cudagraphs')"),
     (["perf.compile_mode=reduce-overhead"], "config key `perf.compile_mode`: reduce-overhead captures CUDA graphs: "
@@ -583,7 +589,7 @@ def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
 
     torch.set_num_threads(1)
     return throughput.main(["--smoke", "--alternate", "--sharding", "table_wise", "--variants", "fp32",
-                            "fast_sparsearch_copy", "fast_bounds_check", "--out", out])
+                            "fast_sparsearch_copy", "fast_bounds_check", "fast_lean_output_dist", "--out", out])
 
 
 def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
@@ -595,7 +601,7 @@ def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
     last loss)."""
     rows = run_gloo(2, _alternate_worker, str(tmp_path), timeout=600)[0]
     by = {r["config"]: r for r in rows}
-    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_bounds_check"]
+    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_bounds_check", "fast_lean_output_dist"]
     for r in rows:
         assert "error" not in r, r
         assert r["order"] == "alternating" and len(r["ms_repeats"]) == 2 and min(r["ms_repeats"]) > 0, r
@@ -609,6 +615,19 @@ def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
     assert by["fast_bounds_check"]["compiled"] == ["model.dense_arch", "model.inter_arch", "model.over_arch", "loss"]
     assert json.loads((tmp_path / "throughput.json").read_text())["meta"]["alternate"] is True
     assert by["fast_bounds_check"]["last_loss"] == by["fast_sparsearch_copy"]["last_loss"]
+    # perf.lean_output_dist (dlrm/output_dist.py) sends the same values: the same last loss again
+    assert by["fast_lean_output_dist"]["last_loss"] == by["fast_sparsearch_copy"]["last_loss"]
+
+
+def test_throughput_probe_arguments_are_checked() -> None:
+    """``--probe`` takes host:MS or gpu:MS; anything else stops at argument parsing, before any build."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import throughput
+
+    assert throughput.parse_args(["--probe", "host:0.5", "gpu:1"]).probe == ["host:0.5", "gpu:1"]
+    for bad in ("host:x", "cpu:1", "gpu:0", "host"):
+        with pytest.raises(SystemExit):
+            throughput.parse_args(["--probe", bad])
 
 
 def test_patched_compile_functions_take_what_the_trainer_passes() -> None:

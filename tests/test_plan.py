@@ -57,6 +57,25 @@ def test_per_table_constraints_override_the_preset() -> None:
     assert [m.shard_sizes for m in plan["t_cat_4"].sharding_spec.shards] == [[64, 8], [64, 8]]
 
 
+def test_data_parallel_max_rows_replicates_the_small_tables() -> None:
+    """``sharding.data_parallel_max_rows``: MLPerf DLRM-v2 capped at 4 M rows on 2 GPUs, 100k rows: the 18 tables of
+    3 .. 39,060 rows go data_parallel on the dense kernel, the 8 of 405,282 rows and more stay table_wise / fused;
+    a table's own sharding types win."""
+    base = ["model=dlrm_v2", "model.row_cap=4000000", "device=cuda", "sharding.hbm_cap_gb=131.3",
+            "sharding.ddr_cap_gb=200", "data.batch_size=32768", "sharding=table_wise"]
+    pi = plan_job([*base, "sharding.data_parallel_max_rows=100000",
+                   "+sharding.constraints.t_cat_1.sharding_types=[table_wise]"], world_size=2)
+    rows = to_config(compose(["model=dlrm_v2", "model.row_cap=4000000"])).model.table_rows
+    plan = _by_table(pi)
+    dp = sorted((n for n, ps in plan.items() if ps.sharding_type == "data_parallel"), key=lambda n: int(n[6:]))
+    assert dp == [f"t_cat_{i}" for i, r in enumerate(rows) if r <= 100000 and i != 1], dp
+    assert len(dp) == 17 and max(rows[int(n[6:])] for n in dp) == 20265
+    assert {plan[n].compute_kernel for n in dp} == {"dense"} and all(sorted(plan[n].ranks) == [0, 1] for n in dp)
+    rest = {n: ps for n, ps in plan.items() if n not in dp}
+    assert {(ps.sharding_type, ps.compute_kernel) for ps in rest.values()} == {("table_wise", "fused")}
+    assert min(rows[int(n[6:])] for n in rest) == 39060  # t_cat_1, by its own constraint
+
+
 def test_pooling_factors_default_to_multi_hot_sizes() -> None:
     cfg = to_config(compose(SMALL + ["+sharding.constraints.t_cat_1.pooling_factors=[2.5]"]))
     model = build_model(cfg.model, dense_device=torch.device("meta"))
