@@ -487,8 +487,9 @@ class PerfConfig:
             step faster than 25 with one graph (seventh session). The sixth session's figures timed DDP's reducer
             only, with the compiled step still split at 25 MiB: 100 MiB within each host's spread, 8 MiB 1.0-1.2
             ms slower on one noisy host (docs/benchmarks.md). ``perf=fast`` sets 100.
-        lean_output_dist: send the pooled embeddings of table_wise / column_wise / table_row_wise tables (the
-            output dist's all-to-all, forward and backward) without TorchRec's extra passes over them: the staging
+        lean_output_dist: send the pooled embeddings of table_wise and column_wise tables (table_row_wise and
+            grid_shard: their all-to-all across hosts; row_wise uses a reduce-scatter, untouched) in the output
+            dist's all-to-all, forward and backward, without TorchRec's extra passes over them: the staging
             copy before each forward all-to-all, and the gradient's three-pass regrouping and separate division by
             the world size, done here in one pass (``dlrm/output_dist.py``). Same collectives, same values bit for
             bit (CPU tests against TorchRec's). Those passes took 0.13 ms forward and 0.56 ms backward of the

@@ -41,7 +41,7 @@ Usage (what :func:`dlrm.trainer.build_training` does with ``perf.lean_output_dis
 from __future__ import annotations
 
 import types
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -173,35 +173,61 @@ def _switch(module: torch.nn.Module) -> int:
     return n
 
 
+def _dist_classes() -> Dict[type, Tuple[str, str]]:
+    """TorchRec's output dists that build a ``PooledEmbeddingsAllToAll`` on first use -> (their builder, the
+    attribute holding the process group of that all-to-all). The row_wise dist (a reduce-scatter) is not one."""
+    from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
+    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
+    from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
+
+    return {TwPooledEmbeddingDist: (BUILDERS[0], "_pg"),  # table_wise, column_wise
+            TwRwPooledEmbeddingDist: (BUILDERS[1], "_cross_pg"),  # table_row_wise: the all-to-all across hosts
+            GridPooledEmbeddingDist: (BUILDERS[1], "_cross_pg")}  # grid_shard: the same
+
+
 def use_lean_output_dist(model: torch.nn.Module) -> int:
     """Switch the pooled-embedding all-to-alls of ``model``'s output dists to the lean functions.
 
-    TorchRec builds an output dist's ``PooledEmbeddingsAllToAll`` on its first forward
-    (``TwPooledEmbeddingDist._create_output_dist_module``; ``_create_output_dist_modules`` for the table_row_wise
-    and grid dists' cross-host part), so each output dist's builder is wrapped, on that instance, to switch what it
-    builds; those built already are switched now. A bare ``PooledEmbeddingsAllToAll`` is switched directly.
+    TorchRec builds an output dist's ``PooledEmbeddingsAllToAll`` on its first forward (see :func:`_dist_classes`),
+    so each such output dist's builder is wrapped, on that instance, to switch what it builds; one built already is
+    switched now. Output dists whose all-to-all spans one rank (one process; table_row_wise and grid_shard on one
+    host, whose all-to-all runs across hosts) are left alone, as are other kinds (row_wise's reduce-scatter). A
+    bare ``PooledEmbeddingsAllToAll`` is switched directly.
 
     Returns:
-        How many output dists (or bare all-to-alls) were set up (0 with no sharded pooled output dist).
+        How many output dists (or bare all-to-alls) send through the lean functions (0: none of those kinds, or
+        none spanning more than one rank).
 
     Raises:
         RuntimeError: TorchRec lacks a private name this relies on (see :data:`PRIVATE_NAMES`).
     """
-    n = _switch(model) if type(model) is PooledEmbeddingsAllToAll else 0
+    if type(model) is PooledEmbeddingsAllToAll:
+        return _switch(model)
+    kinds = _dist_classes()
+    n = 0
     for module in model.modules():
-        if not hasattr(module, "_output_dists"):
-            continue
-        for od in module._output_dists:
+        for od in getattr(module, "_output_dists", None) or []:
+            kind = kinds.get(type(od))
+            if kind is None:
+                continue
+            builder, pg_attr = kind
+            for name in (builder, pg_attr):
+                if not hasattr(od, name):
+                    raise RuntimeError(f"perf.lean_output_dist: torchrec's {type(od).__name__} has no `{name}` in "
+                                       f"this version; set perf.lean_output_dist=false (dlrm/output_dist.py needs "
+                                       f"updating)")
+            if getattr(od, pg_attr).size() <= 1:
+                continue
             _switch(od)
-            builders = [b for b in BUILDERS if hasattr(od, b)]
-            for b in builders:
-                def build_and_switch(*args: Any, _build: Any = getattr(od, b), _od: torch.nn.Module = od,
-                                     **kwargs: Any) -> Any:
-                    out = _build(*args, **kwargs)
-                    _switch(_od)
-                    return out
-                setattr(od, b, build_and_switch)
-            n += bool(builders) or any(type(m) is PooledEmbeddingsAllToAll for m in od.modules())
+
+            def build_and_switch(*args: Any, _build: Any = getattr(od, builder), _od: torch.nn.Module = od,
+                                 **kwargs: Any) -> Any:
+                out = _build(*args, **kwargs)
+                _switch(_od)
+                return out
+
+            setattr(od, builder, build_and_switch)
+            n += 1
     return n
 
 

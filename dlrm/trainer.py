@@ -118,7 +118,8 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
         lean = use_lean_output_dist(dmp)
         log.info("perf.lean_output_dist: %d output dist(s) send pooled embeddings without TorchRec's staging copy, "
                  "and regroup and divide the gradient in one pass%s", lean,
-                 "" if lean else " (none here: no table_wise, column_wise or table_row_wise tables)")
+                 "" if lean else " (none here: no table_wise or column_wise tables, nor table_row_wise / grid_shard "
+                 "across hosts)")
     if perf.compile:
         compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
@@ -218,7 +219,8 @@ class Trainer:
                  f"{p.allreduce_dtype} on the {p.allreduce_group} group"
                  + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
                  if info.world_size > 1 else "none (one rank)", p.ddp_bucket_cap_mb,
-                 "lean" if p.lean_output_dist else "torchrec")
+                 ("lean" if info.world_size > 1 else "torchrec (lean: no all-to-all on one rank)")
+                 if p.lean_output_dist else "torchrec")
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))

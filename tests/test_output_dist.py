@@ -126,6 +126,10 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
                        for k, v in built.model.state_dict().items() if "embedding_bags" in k},
             "a2as": len(a2as), "switched": sum("forward" in vars(m) for m in a2as), "set_up": built.lean_output_dists,
             "plan": sorted({s["sharding_type"] for s in built.model.plan_info.shards})}
+    # row_wise sends pooled embeddings by reduce-scatter: of its output dists only t_cat_3's (column_wise, by TINY's
+    # constraint) is set up
+    built = build_training(to_config(compose(TINY + ["sharding=row_wise", "perf.lean_output_dist=true"])), info, 8)
+    res["row_wise_set_up"] = built.lean_output_dists
     return res
 
 
@@ -134,7 +138,7 @@ def test_trainer_trains_the_same_with_the_lean_output_dist() -> None:
         ref, lean = res["torchrec"], res["lean"]
         assert ref["plan"] == lean["plan"] == ["column_wise", "table_wise"], ref["plan"]
         assert ref["switched"] == 0 and lean["switched"] == lean["a2as"] == ref["a2as"] == 2, (ref, lean["a2as"])
-        assert (ref["set_up"], lean["set_up"]) == (0, 2)
+        assert (ref["set_up"], lean["set_up"], res["row_wise_set_up"]) == (0, 2, 1)
         assert len(ref["losses"]) == 4
         for a, b in zip(ref["losses"], lean["losses"]):
             assert torch.equal(a, b), (rank, ref["losses"], lean["losses"])
@@ -155,12 +159,15 @@ def test_torchrec_private_names_exist() -> None:
     from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
     from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 
-    from dlrm.output_dist import BUILDERS, PRIVATE_NAMES
+    from dlrm.output_dist import BUILDERS, PRIVATE_NAMES, _dist_classes
 
     assert isinstance(comm_ops.GRADIENT_DIVISION, bool) and callable(comm_ops.get_use_sync_collectives)
     assert {"pg", "req", "tensor", "a2ai", "wait_function", "dummy_tensor"} <= set(
         re.findall(r"self\.(\w+)", inspect.getsource(comm_ops.Request.__init__)))
-    assert BUILDERS[0] in vars(TwPooledEmbeddingDist) and BUILDERS[1] in vars(TwRwPooledEmbeddingDist)
+    for cls, (builder, pg_attr) in _dist_classes().items():
+        assert builder in BUILDERS and callable(getattr(cls, builder)), (cls, builder)
+        assert f"self.{pg_attr}" in inspect.getsource(cls.__init__), (cls, pg_attr)
+    assert {TwPooledEmbeddingDist, TwRwPooledEmbeddingDist} <= set(_dist_classes())
     src = inspect.getsource(__import__("torchrec.distributed.dist_data", fromlist=["x"]).PooledEmbeddingsAllToAll)
     for name in PRIVATE_NAMES:
         assert f"self.{name} =" in src or f"self.{name}:" in src, name
