@@ -153,11 +153,11 @@ def _lean_forward(self: PooledEmbeddingsAllToAll, local_embs: torch.Tensor,
     return awaitable
 
 
-def check_private_names(module: torch.nn.Module) -> None:
+def check_private_names(module: torch.nn.Module, names: Sequence[str] = PRIVATE_NAMES) -> None:
     """Raise ``RuntimeError`` naming the attribute when a TorchRec upgrade renamed one this module reads."""
-    for name in PRIVATE_NAMES:
+    for name in names:
         if not hasattr(module, name):
-            raise RuntimeError(f"perf.lean_output_dist: torchrec's PooledEmbeddingsAllToAll has no `{name}` in this "
+            raise RuntimeError(f"perf.lean_output_dist: torchrec's {type(module).__name__} has no `{name}` in this "
                                f"version; set perf.lean_output_dist=false (dlrm/output_dist.py needs updating)")
 
 
@@ -211,11 +211,7 @@ def use_lean_output_dist(model: torch.nn.Module) -> int:
             if kind is None:
                 continue
             builder, pg_attr = kind
-            for name in (builder, pg_attr):
-                if not hasattr(od, name):
-                    raise RuntimeError(f"perf.lean_output_dist: torchrec's {type(od).__name__} has no `{name}` in "
-                                       f"this version; set perf.lean_output_dist=false (dlrm/output_dist.py needs "
-                                       f"updating)")
+            check_private_names(od, kind)
             if getattr(od, pg_attr).size() <= 1:
                 continue
             _switch(od)
@@ -229,14 +225,3 @@ def use_lean_output_dist(model: torch.nn.Module) -> int:
             setattr(od, builder, build_and_switch)
             n += 1
     return n
-
-
-def pooled_all_to_alls(model: torch.nn.Module) -> List[PooledEmbeddingsAllToAll]:
-    """Every ``PooledEmbeddingsAllToAll`` (exactly that class) in ``model``, itself included, and in its sharded
-    modules' output dists (kept in a plain list, ``_output_dists``, so not submodules)."""
-    found = {}
-    for module in model.modules():
-        for m in [module] + [x for od in getattr(module, "_output_dists", None) or [] for x in od.modules()]:
-            if type(m) is PooledEmbeddingsAllToAll:
-                found[id(m)] = m
-    return list(found.values())

@@ -252,7 +252,8 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
         kernels = (c.compute_kernels if c and c.compute_kernels else
                    [cfg.compute_kernel] if cfg.compute_kernel else None)
         kernel_key = f"{ckey}.compute_kernels" if c and c.compute_kernels else "sharding.compute_kernel"
-        if dp_rows is not None and t.rows <= dp_rows and not (c and c.sharding_types):
+        by_rows = dp_rows is not None and t.rows <= dp_rows and not (c and c.sharding_types)
+        if by_rows:
             # the hybrid placement: small tables replicated (their pooled embeddings skip the all-to-all); the
             # preset's kernel is for the model-parallel tables, so these take the dense one unless set per table
             types, type_key = [ShardingType.DATA_PARALLEL.value], "sharding.data_parallel_max_rows"
@@ -261,7 +262,7 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
         min_part = c.min_partition if c and c.min_partition else cfg.min_partition
         part_key = f"{ckey}.min_partition" if c and c.min_partition else "sharding.min_partition"
         if t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types and \
-                type_key != "sharding.data_parallel_max_rows":  # that one is refused by _check_dtypes
+                not by_rows:  # those are refused by _check_dtypes
             # sharding=auto with fp16/bf16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
             # must not pick it (it does for tiny tables on CPU, which made the plan fail after planning)
             types = [s for s in types if s != ShardingType.DATA_PARALLEL.value]

@@ -86,6 +86,16 @@ TINY = ["model.row_cap=40", "model.embedding_dim=8", "model.dense_arch_layer_siz
         "sharding.min_partition=4"]
 
 
+def pooled_all_to_alls(model: torch.nn.Module) -> List[Any]:
+    """Every ``PooledEmbeddingsAllToAll`` of ``model``'s sharded modules: their output dists are kept in a plain
+    list, ``_output_dists``, so they are not submodules."""
+    from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
+
+    found = {id(m): m for module in model.modules() for od in getattr(module, "_output_dists", None) or []
+             for m in od.modules() if type(m) is PooledEmbeddingsAllToAll}
+    return list(found.values())
+
+
 def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -93,7 +103,6 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     from dlrm.config import compose, to_config
     from dlrm.dist import init_distributed
     from dlrm.model import FEATURE_NAMES
-    from dlrm.output_dist import pooled_all_to_alls
     from dlrm.trainer import build_training
 
     torch.set_num_threads(1)
