@@ -54,7 +54,12 @@ a step that grows by the full amount is bound by that side; one that does not gr
 
 ``fast_plan_a`` / ``fast_plan_b`` train with the hand-balanced table_wise plans in ``bench/plans/`` (2 ranks, the
 capped MLPerf tables; ``sharding.plan_path``), written from the planner's plan after a trace showed one rank's TBE
-backward 0.73 ms longer (docs/benchmarks.md, eighth session).
+backward 0.73 ms longer (docs/benchmarks.md, eighth session). Under the ninth session's ``fast``, plan a was 0.25-0.45
+ms per step faster than the planner's plan.
+
+Ninth session: ``fast`` includes ``perf.lean_output_dist`` (rank blocks) and ``perf.allreduce_after_output_dist``;
+``fast_eighth`` is the ``fast`` before them, ``fast_lean_regroup`` the lean output dist without rank blocks (a
+patch), ``fast_lean_output_dist`` without the held all-reduce.
 
 Output: ``throughput.json`` and ``throughput.md`` under ``--out`` (default ``bench/results/<timestamp>``).
 """
@@ -93,11 +98,14 @@ BASE = ["model=dlrm_v2", "model.row_cap=4000000", "optimizer.sparse_type=rowwise
         "data.multi_hot=true"]
 SMOKE_BASE = ["model=dlrm_v2_small", "model.row_cap=1000", "optimizer.lr=0.004"]
 
+# perf=fast before the ninth session (no lean output dist, all-reduce not held): the base of the older variants
+EIGHTH = ["perf=fast", "perf.lean_output_dist=false", "perf.allreduce_after_output_dist=false"]
+NO_HOLD = ["perf.allreduce_after_output_dist=false"]  # the held all-reduce is the shared group's fp32 one only
 # perf=fast as the sixth session left it (fp32 DCN stream, the compiled step split at DDP's 25 MiB buckets), and the
 # seventh session's first step from it (bf16 DCN stream, one unsplit graph; perf=fast then added 100 MiB buckets)
-SESSION6 = ["perf=fast", "perf.dcn_residual_dtype=fp32", "perf.compile_ddp_split=true", "perf.ddp_bucket_cap_mb=25"]
-DCN_ONE_GRAPH = SESSION6[:1] + ["perf.dcn_residual_dtype=autocast", "perf.compile_ddp_split=false",
-                                "perf.ddp_bucket_cap_mb=25"]
+SESSION6 = EIGHTH + ["perf.dcn_residual_dtype=fp32", "perf.compile_ddp_split=true", "perf.ddp_bucket_cap_mb=25"]
+DCN_ONE_GRAPH = EIGHTH + ["perf.dcn_residual_dtype=autocast", "perf.compile_ddp_split=false",
+                          "perf.ddp_bucket_cap_mb=25"]
 
 LEVERS: Dict[str, List[str]] = {
     "fp32": ["perf=fp32"],  # the trainer at reference numerics (TF32 matmuls, as stock)
@@ -120,17 +128,18 @@ LEVERS: Dict[str, List[str]] = {
     "fast_cudagraphs_dedicated": ["perf=fast", "pipeline.input_dist_group=dedicated"],  # patched, as above
     # A/B of code changes: built with a patch (PATCHES below)
     "fast_sparsearch_copy": ["perf=fast"],
-    "fast_ar_bf16": ["perf=fast", "perf.allreduce_dtype=bf16"],
+    "fast_ar_bf16": ["perf=fast", "perf.allreduce_dtype=bf16"] + NO_HOLD,
     "fast_bounds_check": ["perf=fast", "perf.tbe_bounds_check=warning"],  # FBGEMM's default check, on
     "fast_modules_apart": ["perf=fast"],  # patched: three compiled modules, the loss eager (before session 4)
     "fast_coordinate_descent": ["perf=fast", "perf.coordinate_descent_tuning=true"],
-    "fast_ar_group": ["perf=fast", "perf.allreduce_group=dedicated"],
-    "fast_ar_group_ctas2": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=2"],
-    "fast_ar_group_ctas4": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"],
-    "fast_ar_group_ctas8": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=8"],
-    "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated", "perf.allreduce_group=dedicated"],
+    "fast_ar_group": ["perf=fast", "perf.allreduce_group=dedicated"] + NO_HOLD,
+    "fast_ar_group_ctas2": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=2"] + NO_HOLD,
+    "fast_ar_group_ctas4": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"] + NO_HOLD,
+    "fast_ar_group_ctas8": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=8"] + NO_HOLD,
+    "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated",
+                                "perf.allreduce_group=dedicated"] + NO_HOLD,
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
-    "fast_semi_sync_ar_group": ["perf=fast", "pipeline=semi_sync", "perf.allreduce_group=dedicated"],
+    "fast_semi_sync_ar_group": ["perf=fast", "pipeline=semi_sync", "perf.allreduce_group=dedicated"] + NO_HOLD,
     # A/Bs of the sixth and seventh sessions, pinned to the perf=fast they ran against (SESSION6; docs/benchmarks.md)
     "fast_one_graph": SESSION6 + ["perf.compile_ddp_split=false"],
     "fast_bucket100": SESSION6 + ["perf.ddp_bucket_cap_mb=100"],
@@ -139,7 +148,7 @@ LEVERS: Dict[str, List[str]] = {
     "fast_dcn_bf16": SESSION6 + ["perf.dcn_residual_dtype=autocast"],
     "fast_dcn_bf16_one_graph": DCN_ONE_GRAPH,
     "fast_dcn_bf16_cd": DCN_ONE_GRAPH + ["perf.coordinate_descent_tuning=true"],
-    "fast_dcn_bf16_one_graph_ar_group": DCN_ONE_GRAPH + ["perf.allreduce_group=dedicated"],
+    "fast_dcn_bf16_one_graph_ar_group": DCN_ONE_GRAPH + ["perf.allreduce_group=dedicated"] + NO_HOLD,
     "fast_dcn_bf16_one_graph_semi_sync": DCN_ONE_GRAPH + ["pipeline=semi_sync"],
     "fast_dcn_bf16_cudagraphs": DCN_ONE_GRAPH,  # patched: compile mode reduce-overhead
     "fast_dcn_bf16_dedicated": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated"],
@@ -163,6 +172,12 @@ LEVERS: Dict[str, List[str]] = {
     "fast_hybrid_rw20": ["perf=fast", "sharding.data_parallel_max_rows=100000",
                          "+sharding.constraints.t_cat_20.sharding_types=[row_wise]"],
     "fast_lean_output_dist": ["perf=fast", "perf.lean_output_dist=true"],
+    "fast_lean_autotune": ["perf=fast", "perf.lean_output_dist=true", "perf.compile_mode=max-autotune-no-cudagraphs"],
+    "fast_eighth": EIGHTH,  # perf=fast of the eighth session
+    "fast_lean_regroup": ["perf=fast", "perf.lean_output_dist=true"],  # patched: no rank blocks (eighth session's)
+    "fast_lean_held": ["perf=fast", "perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true"],
+    "fast_lean_held_autotune": ["perf=fast", "perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true",
+                                "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_compiled_optimizer": ["perf=fast"],  # patched: the dense Adagrad step compiled
     "fast_hybrid_compiled_optimizer": ["perf=fast", "sharding.data_parallel_max_rows=100000"],  # patched, as above
     # table_wise plans rebalanced by hand from the eighth session's 2-GPU trace (rank 1's TBE backward ran 0.7 ms
@@ -240,6 +255,14 @@ def _compile_dense_optimizer(built: Any) -> None:
     assert done == 1, done
 
 
+def _lean_without_rank_blocks(model: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
+    """``use_lean_output_dist`` as the eighth session had it: the received rank blocks concatenated in the output
+    dist and the gradient regrouped there in one pass, not gathered inside the compiled dense step."""
+    from dlrm.output_dist import use_lean_output_dist
+
+    return use_lean_output_dist(model, rank_blocks=False, a2a_listener=a2a_listener)
+
+
 # variant -> ({"module:attribute": value swapped in during build_training}, patch of the built stack)
 PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_sparsearch_copy": ({}, _torchrec_sparse_arch),
@@ -248,6 +271,7 @@ PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
     "fast_dcn_bf16_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
     "fast_compiled_optimizer": ({}, _compile_dense_optimizer),
+    "fast_lean_regroup": ({"dlrm.trainer:use_lean_output_dist": _lean_without_rank_blocks}, None),
     "fast_hybrid_compiled_optimizer": ({}, _compile_dense_optimizer),
 }
 DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",

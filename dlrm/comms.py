@@ -47,12 +47,14 @@ modules use), so the wrapper hands it a copy of the env that names the dedicated
 private method it overrides, ``DefaultDataParallelWrapper._ddp_wrap``, is in ``PRIVATE_NAMES`` and checked by the
 tests).
 Measured with ``perf=fast`` on 2x H200 it is not faster: the all-reduce's NCCL kernels then take SMs from the work
-beside them (docs/benchmarks.md).
+beside them (docs/benchmarks.md). :class:`AllReduceAfterOutputDist` (``perf.allreduce_after_output_dist``, in
+``perf=fast``) keeps the shared communicator and issues the all-reduce behind the all-to-all instead.
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -228,3 +230,93 @@ def input_dist_all_to_alls(model: torch.nn.Module) -> List[KJTAllToAll]:
             for input_dist in getattr(module, "_input_dists", []):
                 out.extend(m for m in input_dist.modules() if isinstance(m, KJTAllToAll))
     return out
+
+
+class AllReduceAfterOutputDist:
+    """DDP comm hook that issues each gradient bucket's all-reduce only once the backward all-to-alls of the
+    pooled embeddings are issued (``perf.allreduce_after_output_dist``).
+
+    Why: the compiled dense step hands DDP all its gradients when its backward ends, at the same moment as the
+    gradient of the pooled embeddings. Autograd runs the parameters' gradient accumulation first, so DDP's
+    all-reduce is issued first and, on the shared communicator, the backward all-to-all waits for it, and the TBE
+    backward for both; on 2x H200 that was 0.26 ms of all-reduce per step ahead of the all-to-all (ninth
+    session's trace, docs/benchmarks.md). Held until the all-to-alls are issued, the all-reduce runs behind them,
+    beside the TBE backward, which needs only the all-to-all. (A group of its own, ``perf.allreduce_group``, runs
+    it beside the all-to-all instead and was not faster.) Measured on 2x H200: 13.20-13.26 -> 13.05-13.08 ms per
+    step with the rest of ``perf=fast``.
+
+    How: the lean output dists (``dlrm/output_dist.py``) report each forward all-to-all whose backward is due
+    (:meth:`output_dist_forward`, with its autograd node, held by weak reference: a graph dropped without a
+    backward frees it) and each backward all-to-all they issue (:meth:`output_dist_issued`). The hook
+    (:meth:`hook`) holds a bucket only while a reported backward all-to-all is still due, and issues it (PyTorch's
+    default hook, ``default_hooks.allreduce_hook``: divide by the world size, then all-reduce) once none is;
+    otherwise it issues at once. It never holds in DDP's first static-graph iteration, where DDP calls the hook
+    only after the whole backward, from its own end-of-backward callback. As a last resort, an autograd engine
+    callback queued by the first hook call of a backward (so before DDP's own finalizer, which waits for the
+    futures) issues whatever is still held: same values, no overlap. The all-reduce is the same op on the same
+    buckets: the gradients are the same bit for bit.
+
+    Args:
+        group: DDP's process group.
+        static_graph: DDP's ``static_graph`` (TorchRec wraps with it). Its first backward runs the hooks only from
+            DDP's own end-of-backward callback, after every backward all-to-all, and holding a bucket there would
+            wait for DDP's finalizer, which waits for the bucket; so nothing is held in the first backward pass.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, static_graph: bool = False) -> None:
+        self.group, self.static_graph = group, static_graph
+        self.pending: List[Tuple[Any, torch.futures.Future]] = []
+        self.due: List[weakref.ref] = []  # autograd nodes of output dists whose backward all-to-all is due
+        self.armed = False
+        self.backward_passes = 0  # that reached this hook
+        self.forwards = 0  # all-to-alls reported with a backward due
+        self.held_passes = self.released_at_end = 0  # backward passes that held buckets, by what released them
+
+    # no annotations: DDP compares them with the classes, and this module's are strings (PEP 563)
+    def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # (Any, dist.GradBucket) -> Future
+        """The comm hook (``ddp.register_comm_hook(None, held.hook)``)."""
+        if not self.armed:  # once per backward; runs before DDP's finalizer, queued after this hook returns
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self.armed = True
+        if not self._due() or (self.static_graph and self.backward_passes == 0):
+            return self._all_reduce(bucket)
+        buf = bucket.buffer()
+        fut: torch.futures.Future = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+        self.pending.append((bucket, fut))
+        return fut
+
+    def output_dist_forward(self, node: Any) -> None:
+        """A lean output dist sent pooled embeddings whose gradient comes back through ``node``'s backward."""
+        self.forwards += 1
+        self.due.append(weakref.ref(node))
+
+    def output_dist_issued(self, node: Any) -> None:
+        """``node``'s backward all-to-all was issued; when no other is due, the held buckets go."""
+        self.due = [r for r in self.due if r() is not None and r() is not node]
+        if self.pending and not self._due():
+            self.held_passes += 1
+            self._release()
+
+    def _due(self) -> bool:
+        self.due = [r for r in self.due if r() is not None]
+        return bool(self.due)
+
+    def _all_reduce(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        return default_hooks.allreduce_hook(self.group, bucket)
+
+    def _release(self) -> None:
+        pending, self.pending = self.pending, []
+        for bucket, fut in pending:
+            # the result is set from a callback of the all-reduce's (CUDA-aware) future, so DDP's wait on `fut`
+            # waits for the all-reduce on the device too
+            self._all_reduce(bucket).then(lambda done, fut=fut: fut.set_result(done.value()))
+
+    def _end_of_backward(self) -> None:
+        if self.pending:
+            self.released_at_end += 1
+            self._release()
+        self.armed = False
+        self.backward_passes += 1
+

@@ -489,12 +489,21 @@ class PerfConfig:
             ms slower on one noisy host (docs/benchmarks.md). ``perf=fast`` sets 100.
         lean_output_dist: send the pooled embeddings of table_wise and column_wise tables (table_row_wise and
             grid_shard: their all-to-all across hosts; row_wise uses a reduce-scatter, untouched) in the output
-            dist's all-to-all, forward and backward, without TorchRec's extra passes over them: the staging
-            copy before each forward all-to-all, and the gradient's three-pass regrouping and separate division by
-            the world size, done here in one pass (``dlrm/output_dist.py``). Same collectives, same values bit for
-            bit (CPU tests against TorchRec's). Those passes took 0.13 ms forward and 0.56 ms backward of the
-            slower rank's critical path on 2x H200 (eighth session's trace); the switch itself is not timed on
-            GPU yet, so ``perf=fast`` leaves it off. No effect on one rank.
+            dist's all-to-all, forward and backward, without TorchRec's extra passes over them
+            (``dlrm/output_dist.py``): no staging copy before each forward all-to-all. When every table is
+            table_wise, the pooled embeddings are handed over as received: the sparse arch gathers the features from
+            the rank blocks inside the compiled dense step, whose backward writes the gradient straight in the send
+            layout, divided by the world size (no ``cat`` forward, no regrouping pass backward). Other plans
+            regroup and divide the gradient in one pass instead of four. Same collectives, same values bit for bit
+            (CPU tests against TorchRec's). On 2x H200 with the rest of ``perf=fast``: 0.23-0.34 ms per step faster
+            with the regrouping pass, 0.56-0.62 ms with the rank blocks (ninth session, docs/benchmarks.md);
+            ``perf=fast`` sets true. No effect on one rank.
+        allreduce_after_output_dist: with ``lean_output_dist``, hold DDP's all-reduce of the dense gradients
+            until the backward all-to-alls of the pooled embeddings are issued, so that it runs beside the TBE
+            backward instead of ahead of the all-to-all on the shared communicator
+            (:class:`dlrm.comms.AllReduceAfterOutputDist`). Same gradients bit for bit. 0.16-0.17 ms per step
+            faster on 2x H200 (ninth session); ``perf=fast`` sets true. Needs ``allreduce_dtype=fp32`` and
+            ``allreduce_group=shared``. No effect on one rank.
     """
 
     name: str = "fp32"
@@ -513,6 +522,7 @@ class PerfConfig:
     compile_ddp_split: bool = True
     ddp_bucket_cap_mb: int = 25
     lean_output_dist: bool = False
+    allreduce_after_output_dist: bool = False
 
     def __post_init__(self) -> None:
         for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
@@ -525,6 +535,15 @@ class PerfConfig:
         _check(self.allreduce_max_ctas is None or self.allreduce_group == "dedicated", "perf.allreduce_max_ctas",
                "sets the dedicated all-reduce group's NCCL communicator (CUDA runs only) and has no effect "
                "while perf.allreduce_group=shared; add perf.allreduce_group=dedicated, or drop it on CPU")
+        if self.allreduce_after_output_dist:
+            _check(self.lean_output_dist, "perf.allreduce_after_output_dist",
+                   "holds DDP's all-reduce until the lean output dists' backward all-to-alls are issued; add "
+                   "perf.lean_output_dist=true, or set perf.allreduce_after_output_dist=false")
+            _check(self.allreduce_dtype == "fp32" and self.allreduce_group == "shared",
+                   "perf.allreduce_after_output_dist",
+                   "issues DDP's fp32 all-reduce (PyTorch's default hook) on the shared group; with "
+                   f"perf.allreduce_dtype={self.allreduce_dtype} and perf.allreduce_group={self.allreduce_group} set "
+                   "perf.allreduce_after_output_dist=false (or use fp32 and shared)")
         _check(self.tbe_bounds_check in ("warning", "fatal", "none"), "perf.tbe_bounds_check",
                f"got {self.tbe_bounds_check!r}; use warning, fatal or none")
         _check(self.autocast in ("none", "bf16", "fp16"), "perf.autocast",

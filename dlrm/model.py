@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 from torchrec import EmbeddingBagCollection
@@ -19,6 +19,7 @@ from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
 from dlrm.config import NUM_DENSE_FEATURES, ConfigError, ModelConfig, PerfConfig
+from dlrm.output_dist import RANK_BLOCKS_ATTR, accepting_rank_blocks
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +72,44 @@ class _ToFeatureOrder(torch.autograd.Function):
         return grad.index_select(1, inv), None, None
 
 
-def to_feature_order(values: torch.Tensor, order: Optional[FeatureOrder]) -> torch.Tensor:
-    """Pooled embeddings ``[B, F, D]`` in a sharded output's key order -> feature order (``order`` from
-    :meth:`ZeroCopySparseArch.forward` with ``in_key_order=True``; None: already in feature order, returned
-    as is)."""
-    return values if order is None else _ToFeatureOrder.apply(values, order[0], order[1])
+BlockOrder = Tuple[torch.Tensor, torch.Tensor, int]  # (rows, inv_rows, grad_divisor): see _FromRankBlocks
+
+
+class _FromRankBlocks(torch.autograd.Function):
+    """Pooled embeddings handed over in rank-block layout (``perf.lean_output_dist``:
+    :class:`dlrm.output_dist.RankBlocks`) -> ``[B, F, D]`` in feature order, by one gather of ``D``-wide rows of
+    the receive buffer (``rows``: int64 ``[B * F]``, sample-major); backward: the gradient back in rank-block
+    layout by the inverse gather (``inv_rows``), divided by ``grad_divisor`` as TorchRec's ``GRADIENT_DIVISION``
+    does (same values: the division is the same op on the same values). Gathers both ways, for the reason
+    :class:`_ToFeatureOrder` gives; under torch.compile they fuse into the kernels around them, which replaces the
+    output dist's ``cat`` forward and its regrouping pass backward (docs/benchmarks.md, ninth session)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, rows: torch.Tensor, inv_rows: torch.Tensor,  # type: ignore[override]
+                grad_divisor: int) -> torch.Tensor:
+        ctx.save_for_backward(inv_rows)
+        ctx.shape, ctx.grad_divisor = values.shape, grad_divisor
+        b = values.size(0)
+        d = values.numel() // rows.numel()
+        return values.reshape(-1, d).index_select(0, rows).view(b, rows.numel() // b, d)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None, None]:
+        (inv_rows,) = ctx.saved_tensors
+        g = grad.reshape(-1, grad.size(-1)).index_select(0, inv_rows).view(ctx.shape)
+        return (g / ctx.grad_divisor if ctx.grad_divisor != 1 else g), None, None, None
+
+
+def to_feature_order(values: torch.Tensor, order: Optional[Union[FeatureOrder, BlockOrder]]) -> torch.Tensor:
+    """Pooled embeddings in a sharded output's layout -> ``[B, F, D]`` in feature order (``order`` from
+    :meth:`ZeroCopySparseArch.forward` with ``in_key_order=True``): ``values`` ``[B, F, D]`` in key order with
+    ``order`` ``(pos, inv)``, or ``[B, F * D]`` in rank-block layout with ``order`` ``(rows, inv_rows,
+    grad_divisor)`` (:class:`_FromRankBlocks`); None: already in feature order, returned as is."""
+    if order is None:
+        return values
+    if len(order) == 3:
+        return _FromRankBlocks.apply(values, *order)
+    return _ToFeatureOrder.apply(values, order[0], order[1])
 
 
 class ZeroCopySparseArch(SparseArch):
@@ -102,10 +136,17 @@ class ZeroCopySparseArch(SparseArch):
         if _fx_tracing():
             out = super().forward(features)
             return (out, None) if in_key_order else out
-        kt = self.embedding_bag_collection(features)
-        keys = kt.keys()
+        with accepting_rank_blocks():  # the output dist waits in here (a lazy awaitable): this forward reads them
+            kt = self.embedding_bag_collection(features)
+            keys = kt.keys()
         same_dims = all(d == self.D for d in kt.length_per_key())
-        if same_dims and keys == self.sparse_feature_names:
+        blocks = getattr(kt.values(), RANK_BLOCKS_ATTR, None)
+        if blocks is not None:
+            order = self._block_order(tuple(keys), same_dims, blocks, kt.values())
+            how = "gathered from the output dist's receive buffer (rank blocks) " + (
+                "inside the dense step" if in_key_order else "by one gather")
+            values = kt.values()
+        elif same_dims and keys == self.sparse_feature_names:
             values, order, how = kt.values().reshape(-1, self.F, self.D), None, "in place (no copy)"
         elif same_dims and sorted(keys) == sorted(self.sparse_feature_names):
             values, order = kt.values().reshape(-1, self.F, self.D), self._order(tuple(keys), kt.values().device)
@@ -119,6 +160,41 @@ class ZeroCopySparseArch(SparseArch):
             self._path_logged = True
             log.info("sparse arch: pooled embeddings used %s", how)
         return (values, order) if in_key_order else to_feature_order(values, order)
+
+    def _block_order(self, keys: Tuple[str, ...], same_dims: bool, blocks: Any, values: torch.Tensor
+                     ) -> BlockOrder:
+        """``(rows, inv_rows, grad_divisor)`` for :class:`_FromRankBlocks`; cached per layout and batch size.
+
+        Raises:
+            RuntimeError: the keys are not the model's features, each of dim ``D``, whole within the rank blocks
+                (only table_wise plans hand over rank blocks: :func:`dlrm.output_dist.use_lean_output_dist`).
+        """
+        b, dims = values.size(0), tuple(blocks.dims)
+        per_rank = [d // self.D for d in dims]
+        if not (same_dims and sorted(keys) == sorted(self.sparse_feature_names)
+                and all(d % self.D == 0 for d in dims) and sum(per_rank) == len(keys)):
+            raise RuntimeError(
+                f"perf.lean_output_dist: pooled embeddings arrived in rank blocks of dims {list(dims)} with keys "
+                f"{list(keys)[:4]}...; the sparse arch can gather them only when every key is one of the model's "
+                f"{self.F} features of dim {self.D} and each rank holds whole features (a table_wise plan); set "
+                "perf.lean_output_dist=false or use a table_wise plan")
+        cache = self.__dict__.setdefault("_block_orders", {})
+        key = (keys, dims, b, values.device)
+        if key not in cache:
+            rank_of, first_row = [], []  # per key position: its rank, and its first row in the receive buffer
+            row = 0
+            for r, n in enumerate(per_rank):
+                rank_of += [r] * n
+                first_row += [row + k for k in range(n)]
+                row += b * n
+            pos = [keys.index(n) for n in self.sparse_feature_names]
+            sample = torch.arange(b, dtype=torch.long)[:, None]
+            rows = (torch.tensor([first_row[p] for p in pos])[None, :]
+                    + sample * torch.tensor([per_rank[rank_of[p]] for p in pos])[None, :]).reshape(-1)
+            inv_rows = torch.empty_like(rows)
+            inv_rows[rows] = torch.arange(rows.numel())
+            cache[key] = (rows.to(values.device), inv_rows.to(values.device), int(blocks.grad_divisor))
+        return cache[key]
 
     def _order(self, keys: Tuple[str, ...], device: torch.device) -> FeatureOrder:
         cache = self.__dict__.setdefault("_orders", {})
@@ -183,10 +259,10 @@ class DLRMTrainAutocast(DLRMTrain):
         self.compiled_parts: List[str] = []
         self.cuda_graphs = False  # compile_dense in a CUDA-graph mode
 
-    def dense_logits(self, dense: torch.Tensor, embedded: torch.Tensor, order: Optional[FeatureOrder] = None
-                     ) -> torch.Tensor:
+    def dense_logits(self, dense: torch.Tensor, embedded: torch.Tensor,
+                     order: Optional[Union[FeatureOrder, BlockOrder]] = None) -> torch.Tensor:
         """float32 logits ``[B]`` from dense features ``[B, 13]`` and pooled embeddings ``[B, F, D]`` (in feature
-        order, or in another order given by ``order``: :func:`to_feature_order`)."""
+        order, or in another order or layout given by ``order``: :func:`to_feature_order`)."""
         net = self.model
         embedded = to_feature_order(embedded, order)
         amp = (torch.autocast(self.device_type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
@@ -196,7 +272,7 @@ class DLRMTrainAutocast(DLRMTrain):
         return out.squeeze(-1).float()
 
     def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor,
-                   order: Optional[FeatureOrder] = None) -> Tuple[torch.Tensor, ...]:
+                   order: Optional[Union[FeatureOrder, BlockOrder]] = None) -> Tuple[torch.Tensor, ...]:
         """``(loss, logits, labels)``: everything after the lookup; the part :func:`compile_dense` compiles."""
         logits = self.dense_logits(dense, embedded, order)
         return self.loss_fn(logits, labels.float()), logits, labels
@@ -228,7 +304,7 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
     """
 
     def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor,
-                   order: Optional[FeatureOrder] = None) -> Tuple[torch.Tensor, ...]:
+                   order: Optional[Union[FeatureOrder, BlockOrder]] = None) -> Tuple[torch.Tensor, ...]:
         labels = labels.float()
         ok = torch.isfinite(dense).all() & ((labels == 0) | (labels == 1)).all()
         dense = torch.where(torch.isfinite(dense), dense, torch.zeros_like(dense))

@@ -19,8 +19,19 @@ rank's compute stream, on the step's critical path: the all-to-alls and the TBE 
 session's trace, docs/benchmarks.md). The functions here do the same collectives, same layout, same gradient
 scaling, and give the same values bit for bit (the division happens before the all-to-all instead of after it;
 the all-to-all moves values unchanged); they only skip the staging copy and fold the regrouping and the division
-into one pass. Forward keeps TorchRec's single ``cat`` of the received
-rank blocks into ``[B_local, D_global]`` (what the ``KeyedTensor`` of pooled embeddings needs).
+into one pass. Forward keeps TorchRec's single ``cat`` of the received rank blocks into ``[B_local, D_global]``
+(what the ``KeyedTensor`` of pooled embeddings needs), except in rank-block mode:
+
+* Rank blocks (``use_lean_output_dist(..., rank_blocks=True)``, every table table_wise, one output dist per sharded
+  module): the receive buffer itself is handed over, viewed as ``[B_local, D_global]`` and marked with its layout
+  (:class:`RankBlocks`), with neither the ``cat`` forward nor the regrouping pass backward;
+  :class:`dlrm.model.ZeroCopySparseArch` gathers the features from it inside the compiled dense step and returns
+  the gradient already in the send layout and divided. Only inside :func:`accepting_rank_blocks` (which that sparse
+  arch enters around its lookup); any other reader gets TorchRec's layout. On 2x H200 this took the step from
+  13.50 to 13.20-13.26 ms (ninth session, docs/benchmarks.md).
+* ``a2a_listener``: told of each all-to-all whose backward is due and of each backward all-to-all issued;
+  :class:`dlrm.comms.AllReduceAfterOutputDist` holds DDP's all-reduce until none is due
+  (``perf.allreduce_after_output_dist``).
 
 Why our own code: TorchRec has no setting for either copy (the forward one is unconditional, the backward helper
 is module-private), and the output dist is on the critical path the trainer exists to shorten.
@@ -35,13 +46,19 @@ TorchRec's own ``comm_ops.Request`` and ``dist_data.PooledEmbeddingsAwaitable``.
 Usage (what :func:`dlrm.trainer.build_training` does with ``perf.lean_output_dist=true``)::
 
     model = DistributedModelParallel(...)
-    n = use_lean_output_dist(model)   # number of output dists switched
+    n = use_lean_output_dist(model, rank_blocks=True)   # number of output dists switched
+
+Command (the CPU tests of all of this, 2 gloo ranks)::
+
+    .venv/bin/python -m pytest -q tests/test_output_dist.py
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import types
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -54,6 +71,39 @@ PRIVATE_NAMES = ("_pg", "_dim_sum_per_rank", "_codecs", "_callbacks")  # of Pool
 BUILDERS = ("_create_output_dist_module", "_create_output_dist_modules")
 
 Splits = Tuple[List[int], List[int]]  # (batch size per rank, embedding dim sum per rank)
+RANK_BLOCKS_ATTR = "_dlrm_rank_blocks"  # on the pooled embeddings handed over in rank-block layout
+A2A_LISTENER_ATTR = "_dlrm_a2a_listener"  # told of each all-to-all whose backward is due, and of its issue
+
+
+_ACCEPTING = threading.local()  # .on: the current forward reads RankBlocks (accepting_rank_blocks)
+
+
+@contextlib.contextmanager
+def accepting_rank_blocks() -> Iterator[None]:
+    """Within this context, output dists set up with rank blocks hand over their pooled embeddings in rank-block
+    layout (:class:`RankBlocks`); outside it (any other reader of the ``KeyedTensor``: TorchRec's ``SparseArch``, a
+    pipeline that waits for the output dist elsewhere) they concatenate the rank blocks as TorchRec does, so that
+    no reader that does not know the layout ever gets it. :class:`dlrm.model.ZeroCopySparseArch` enters it around
+    its lookup."""
+    prev = getattr(_ACCEPTING, "on", False)
+    _ACCEPTING.on = True
+    try:
+        yield
+    finally:
+        _ACCEPTING.on = prev
+
+
+class RankBlocks(NamedTuple):
+    """How pooled embeddings handed over in rank-block layout are laid out (the tensor's ``_dlrm_rank_blocks``).
+
+    The tensor is ``[B_local, D_global]`` in shape only: its memory is the all-to-all's receive buffer, rank 0's
+    ``[B_local, dims[0]]`` block, then rank 1's, and so on; its consumer (:class:`dlrm.model.ZeroCopySparseArch`)
+    gathers the features from there inside the compiled dense step, and hands back the gradient in the same
+    layout, divided by ``grad_divisor`` (what TorchRec's ``GRADIENT_DIVISION`` asks: the world size, or 1).
+    """
+
+    dims: Tuple[int, ...]  # embedding dim sum per rank, in rank order (the KeyedTensor's keys follow it)
+    grad_divisor: int
 
 
 class _LeanPooledReq(torch.autograd.Function):
@@ -96,12 +146,21 @@ class _LeanPooledWait(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, pg: dist.ProcessGroup, myreq: comm_ops.Request,  # type: ignore[override]
                 *dummy: torch.Tensor) -> torch.Tensor:
+        # set up for it (_lean_forward) and read by a caller that knows the layout (accepting_rank_blocks)
+        rank_blocks = getattr(myreq, RANK_BLOCKS_ATTR, False) and getattr(_ACCEPTING, "on", False)
         myreq.req.wait()
         out, splits = myreq.tensor, myreq.a2ai
         myreq.req, myreq.tensor = None, None
         batch, dims = splits
         b = batch[dist.get_rank(pg)]
-        ctx.pg, ctx.myreq, ctx.splits = pg, myreq, splits
+        ctx.pg, ctx.myreq, ctx.splits, ctx.rank_blocks = pg, myreq, splits, rank_blocks
+        listener = getattr(myreq, A2A_LISTENER_ATTR, None)
+        if listener is not None and any(ctx.needs_input_grad):  # a backward is due; ctx is its node
+            listener.output_dist_forward(ctx)
+        if rank_blocks:  # no cat: the consumer gathers from the receive buffer (RankBlocks)
+            ret = out.view(b, sum(dims))
+            setattr(ret, RANK_BLOCKS_ATTR, RankBlocks(tuple(dims), _grad_divisor(pg)))
+            return ret
         blocks = out.split([b * d for d in dims])
         return torch.cat([blk.view(b, d) for blk, d in zip(blocks, dims)], dim=1)
 
@@ -111,25 +170,37 @@ class _LeanPooledWait(torch.autograd.Function):
         batch, dims = ctx.splits
         me = dist.get_rank(pg)
         b = batch[me]
-        send = torch.empty(b * sum(dims), dtype=grad.dtype, device=grad.device)
-        # TorchRec divides the received gradient by the world size (comm_ops.GRADIENT_DIVISION) in a pass of its
-        # own; the same division of the same values is done here, in the pass that fills the send buffer (the
-        # all-to-all moves values unchanged, so the result is the same bit for bit)
-        world = dist.get_world_size(pg) if comm_ops.GRADIENT_DIVISION else 1
-        off = col = 0
-        for d in dims:
-            block = send[off:off + b * d].view(b, d)
-            if world > 1:
-                torch.div(grad[:, col:col + d], world, out=block)
-            else:
-                block.copy_(grad[:, col:col + d])
-            off, col = off + b * d, col + d
+        if ctx.rank_blocks:  # already in the send layout and divided, by the consumer's gather (RankBlocks)
+            send = grad.contiguous().view(-1)
+        else:
+            send = torch.empty(b * sum(dims), dtype=grad.dtype, device=grad.device)
+            # TorchRec divides the received gradient by the world size (comm_ops.GRADIENT_DIVISION) in a pass of
+            # its own; the same division of the same values is done here, in the pass that fills the send buffer
+            # (the all-to-all moves values unchanged, so the result is the same bit for bit)
+            world = _grad_divisor(pg)
+            off = col = 0
+            for d in dims:
+                block = send[off:off + b * d].view(b, d)
+                if world > 1:
+                    torch.div(grad[:, col:col + d], world, out=block)
+                else:
+                    block.copy_(grad[:, col:col + d])
+                off, col = off + b * d, col + d
         recv = torch.empty(sum(batch) * dims[me], dtype=grad.dtype, device=grad.device)
         with record_function("## lean_pooled_a2a_bwd ##"):
             work = dist.all_to_all_single(recv, send, output_split_sizes=[dims[me] * n for n in batch],
                                           input_split_sizes=[b * d for d in dims], group=pg, async_op=True)
         myreq.req, myreq.tensor = work, recv
+        listener = getattr(myreq, A2A_LISTENER_ATTR, None)
+        if listener is not None:  # e.g. DDP's held all-reduce (dlrm.comms.AllReduceAfterOutputDist)
+            listener.output_dist_issued(ctx)
         return (None, None, myreq.dummy_tensor)
+
+
+def _grad_divisor(pg: dist.ProcessGroup) -> int:
+    """What TorchRec divides the received pooled-embedding gradient by: the world size under
+    ``comm_ops.GRADIENT_DIVISION`` (its default), else 1."""
+    return dist.get_world_size(pg) if comm_ops.GRADIENT_DIVISION else 1
 
 
 def _lean_forward(self: PooledEmbeddingsAllToAll, local_embs: torch.Tensor,
@@ -147,6 +218,9 @@ def _lean_forward(self: PooledEmbeddingsAllToAll, local_embs: torch.Tensor,
                              f"use a global batch size divisible by the world size")
         batch_size_per_rank = [b_global // world] * world
     myreq = comm_ops.Request(pg, device=local_embs.device)
+    # rank-block layout (RankBlocks) only without callbacks: a callback would read the tensor as [B, D]
+    setattr(myreq, RANK_BLOCKS_ATTR, bool(getattr(self, RANK_BLOCKS_ATTR, False)) and not self._callbacks)
+    setattr(myreq, A2A_LISTENER_ATTR, getattr(self, A2A_LISTENER_ATTR, None))
     _LeanPooledReq.apply(pg, myreq, (list(batch_size_per_rank), list(self._dim_sum_per_rank)), local_embs)
     awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=myreq)
     awaitable.callbacks.extend(self._callbacks)
@@ -161,7 +235,7 @@ def check_private_names(module: torch.nn.Module, names: Sequence[str] = PRIVATE_
                                f"version; set perf.lean_output_dist=false (dlrm/output_dist.py needs updating)")
 
 
-def _switch(module: torch.nn.Module) -> int:
+def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
     """Switch every ``PooledEmbeddingsAllToAll`` (exactly that class) in ``module``'s tree; returns how many."""
     n = 0
     for m in module.modules():
@@ -169,6 +243,8 @@ def _switch(module: torch.nn.Module) -> int:
             check_private_names(m)
             if m._pg.size() > 1:
                 m.forward = types.MethodType(_lean_forward, m)
+                setattr(m, RANK_BLOCKS_ATTR, rank_blocks)
+                setattr(m, A2A_LISTENER_ATTR, a2a_listener)
                 n += 1
     return n
 
@@ -185,8 +261,19 @@ def _dist_classes() -> Dict[type, Tuple[str, str]]:
             GridPooledEmbeddingDist: (BUILDERS[1], "_cross_pg")}  # grid_shard: the same
 
 
-def use_lean_output_dist(model: torch.nn.Module) -> int:
+def use_lean_output_dist(model: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
     """Switch the pooled-embedding all-to-alls of ``model``'s output dists to the lean functions.
+
+    With ``rank_blocks``, a sharded module whose only output dist is table_wise's (``TwPooledEmbeddingDist``)
+    hands over its pooled embeddings in rank-block layout (:class:`RankBlocks`): no ``cat`` forward, no regrouping
+    or division pass backward; its consumer must gather them (:class:`dlrm.model.ZeroCopySparseArch` does, inside
+    the compiled dense step). Only for a model whose sparse arch is that class and whose plan is table_wise for
+    every table (a column_wise table is split across the rank blocks): :func:`dlrm.trainer.build_training` checks
+    both.
+
+    ``a2a_listener`` (:class:`dlrm.comms.AllReduceAfterOutputDist`, which holds DDP's all-reduce until then) is
+    told of every forward all-to-all whose backward is due (``output_dist_forward(node)``) and of every backward
+    all-to-all issued (``output_dist_issued(node)``).
 
     TorchRec builds an output dist's ``PooledEmbeddingsAllToAll`` on its first forward (see :func:`_dist_classes`),
     so each such output dist's builder is wrapped, on that instance, to switch what it builds; one built already is
@@ -202,11 +289,13 @@ def use_lean_output_dist(model: torch.nn.Module) -> int:
         RuntimeError: TorchRec lacks a private name this relies on (see :data:`PRIVATE_NAMES`).
     """
     if type(model) is PooledEmbeddingsAllToAll:
-        return _switch(model)
+        return _switch(model, a2a_listener=a2a_listener)
     kinds = _dist_classes()
     n = 0
+    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
     for module in model.modules():
-        for od in getattr(module, "_output_dists", None) or []:
+        ods = getattr(module, "_output_dists", None) or []
+        for od in ods:
             kind = kinds.get(type(od))
             if kind is None:
                 continue
@@ -214,12 +303,14 @@ def use_lean_output_dist(model: torch.nn.Module) -> int:
             check_private_names(od, kind)
             if getattr(od, pg_attr).size() <= 1:
                 continue
-            _switch(od)
+            # one output dist: its tensor is the KeyedTensor's values as is (TorchRec cats several)
+            blocks = rank_blocks and len(ods) == 1 and type(od) is TwPooledEmbeddingDist
+            _switch(od, blocks, a2a_listener)
 
             def build_and_switch(*args: Any, _build: Any = getattr(od, builder), _od: torch.nn.Module = od,
-                                 **kwargs: Any) -> Any:
+                                 _blocks: bool = blocks, **kwargs: Any) -> Any:
                 out = _build(*args, **kwargs)
-                _switch(_od)
+                _switch(_od, _blocks, a2a_listener)
                 return out
 
             setattr(od, builder, build_and_switch)

@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from omegaconf import DictConfig, OmegaConf
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
@@ -35,9 +36,10 @@ from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
 from dlrm.mlperf_log import MlperfLogger
 from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
-from dlrm.model import FEATURE_NAMES, build_model, compile_dense, table_configs
+from dlrm.model import FEATURE_NAMES, ZeroCopySparseArch, build_model, compile_dense, table_configs
 from dlrm.offload import check_can_train, offload_constraints
 from dlrm.pipeline import build_pipeline, check_pipeline_device
+from dlrm.comms import AllReduceAfterOutputDist
 from dlrm.output_dist import use_lean_output_dist
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, shard
 
@@ -81,6 +83,7 @@ class Built:
     scheduler: Any
     pipeline: Any
     lean_output_dists: int = 0  # output dists set up by perf.lean_output_dist (dlrm/output_dist.py)
+    held_allreduce: Optional[AllReduceAfterOutputDist] = None  # perf.allreduce_after_output_dist's DDP hook
 
 
 def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite: bool = False) -> Built:
@@ -113,11 +116,27 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
                       fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
                       allreduce_dtype=perf.allreduce_dtype, allreduce_group=perf.allreduce_group,
                       allreduce_max_ctas=perf.allreduce_max_ctas, ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb)
-    lean = 0
+    lean, held = 0, None
     if perf.lean_output_dist and info.world_size > 1:  # one rank: no all-to-all to change
-        lean = use_lean_output_dist(dmp)
+        # rank blocks (no cat, no regrouping pass: the sparse arch gathers inside the dense step) need the sparse
+        # arch that gathers them and whole tables per rank
+        blocks = isinstance(model.model.sparse_arch, ZeroCopySparseArch) and all(
+            ps.sharding_type == "table_wise" for tables in plan.plan.values() for ps in tables.values())
+        if perf.allreduce_after_output_dist:
+            ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
+            if ddp is not None:
+                held = AllReduceAfterOutputDist(ddp.process_group, bool(getattr(ddp, "static_graph", False)))
+        lean = use_lean_output_dist(dmp, rank_blocks=blocks, a2a_listener=held)
+        if held is not None and not lean:
+            held = None
+        if held is not None:
+            ddp.register_comm_hook(None, held.hook)
+            log.info("perf.allreduce_after_output_dist: DDP's all-reduce is issued after the %d backward "
+                     "all-to-all(s) of the pooled embeddings", lean)
         log.info("perf.lean_output_dist: %d output dist(s) send pooled embeddings without TorchRec's staging copy, "
-                 "and regroup and divide the gradient in one pass%s", lean,
+                 "%s%s", lean, "handed over as received (the dense step gathers the features from the rank blocks "
+                 "and returns their gradient in that layout)" if blocks else
+                 "and regroup and divide the gradient in one pass",
                  "" if lean else " (none here: no table_wise or column_wise tables, nor table_row_wise / grid_shard "
                  "across hosts)")
     if perf.compile:
@@ -128,7 +147,7 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
     # semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
     pipeline = build_pipeline(dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device,
                               cfg.pipeline)
-    return Built(model, dmp, plan, optimizer, scheduler, pipeline, lean)
+    return Built(model, dmp, plan, optimizer, scheduler, pipeline, lean, held)
 
 
 class Trainer:
@@ -218,6 +237,7 @@ class Trainer:
                  if p.compile else "off", p.tbe_bounds_check,
                  f"{p.allreduce_dtype} on the {p.allreduce_group} group"
                  + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
+                 + (" after the backward all-to-all" if built.held_allreduce is not None else "")
                  if info.world_size > 1 else "none (one rank)", p.ddp_bucket_cap_mb,
                  ("lean" if info.world_size > 1 else "torchrec (lean: no all-to-all on one rank)")
                  if p.lean_output_dist else "torchrec")

@@ -5,7 +5,10 @@
   rank, a non-contiguous upstream gradient, a callback, TorchRec's gradient division on and off); outputs and
   input gradients are compared bit for bit.
 * The trainer: ``build_training`` on 2 ranks (table_wise and column_wise tables, the pipeline, the fused
-  optimizer) trains 4 steps with and without the switch: same losses and same tables, bit for bit.
+  optimizer) trains 4 steps with and without the switch: same losses, evaluation logits and tables, bit for bit;
+  the same with table_wise tables only (rank blocks gathered by the sparse arch), and with DDP's all-reduce held
+  behind the backward all-to-all (``perf.allreduce_after_output_dist``), released by it or at the end of the
+  backward.
 
     .venv/bin/python -m pytest -q tests/test_output_dist.py
 """
@@ -109,8 +112,12 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     res: Dict[str, Any] = {}
-    for lean in (False, True):
-        cfg = to_config(compose(TINY + [f"perf.lean_output_dist={str(lean).lower()}"]))
+    for plan, lean in [(p, lean) for p in ("mixed", "table_wise") for lean in (False, True)] + [
+            ("held", True), ("held_to_the_end", True), ("compiled", True), ("compiled_held", True)]:
+        over = TINY if plan == "mixed" else [o for o in TINY if "t_cat_3" not in o]
+        over = over + (["perf.allreduce_after_output_dist=true"] if "held" in plan else [])
+        over = over + (["perf.compile=true", "perf.compile_ddp_split=false"] if "compiled" in plan else [])
+        cfg = to_config(compose(over + [f"perf.lean_output_dist={str(lean).lower()}"]))
         rows = cfg.model.table_rows
         g = torch.Generator().manual_seed(7 + rank)
         batches = [Batch(dense_features=torch.randn(8, 13, generator=g),
@@ -123,14 +130,26 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
         built = build_training(cfg, info, 8)
         it = iter(batches)
         losses = []
+        never = torch.nn.Module()  # an all-to-all reported due whose backward never comes
         while True:
+            if plan == "held_to_the_end":
+                built.held_allreduce.output_dist_forward(never)
             try:
                 losses.append(built.pipeline.progress(it)[0].detach().clone())
             except StopIteration:
                 break
         a2as = pooled_all_to_alls(built.model)  # built by TorchRec on the first forward
-        res["lean" if lean else "torchrec"] = {
-            "losses": losses,
+        with torch.no_grad():  # an evaluation forward through the same path, as Trainer.evaluate does
+            model = built.pipeline.detach() if hasattr(built.pipeline, "detach") else built.model
+            model.eval()
+            _, (_, logits, _) = model(batches[0])
+            model.train()
+        res[f"{plan}/" + ("lean" if lean else "torchrec")] = {
+            "losses": losses, "eval_logits": logits.clone(),
+            "held": None if built.held_allreduce is None else (built.held_allreduce.forwards,
+                                                               built.held_allreduce.held_passes,
+                                                               built.held_allreduce.released_at_end),
+            "rank_blocks": sum(bool(getattr(m, "_dlrm_rank_blocks", False)) for m in a2as),
             "tables": {k: [s.tensor.clone() for s in v.local_shards()] if hasattr(v, "local_shards") else [v.clone()]
                        for k, v in built.model.state_dict().items() if "embedding_bags" in k},
             "a2as": len(a2as), "switched": sum("forward" in vars(m) for m in a2as), "set_up": built.lean_output_dists,
@@ -143,20 +162,104 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
 
 
 def test_trainer_trains_the_same_with_the_lean_output_dist() -> None:
+    """Mixed plan (table_wise and column_wise: two output dists, the lean regrouping pass) and table_wise only
+    (one output dist: rank blocks gathered by the sparse arch): same losses, evaluation logits and tables as
+    TorchRec's output dist, bit for bit."""
     for rank, res in enumerate(run_gloo(2, _train_worker)):
-        ref, lean = res["torchrec"], res["lean"]
-        assert ref["plan"] == lean["plan"] == ["column_wise", "table_wise"], ref["plan"]
-        assert ref["switched"] == 0 and lean["switched"] == lean["a2as"] == ref["a2as"] == 2, (ref, lean["a2as"])
-        assert (ref["set_up"], lean["set_up"], res["row_wise_set_up"]) == (0, 2, 1)
-        assert len(ref["losses"]) == 4
-        for a, b in zip(ref["losses"], lean["losses"]):
-            assert torch.equal(a, b), (rank, ref["losses"], lean["losses"])
-        assert ref["losses"][0].item() != ref["losses"][-1].item()  # it trained
-        assert ref["tables"].keys() == lean["tables"].keys()
-        assert sum(len(v) for v in ref["tables"].values()) > 0
-        for k in ref["tables"]:
-            assert len(ref["tables"][k]) == len(lean["tables"][k]), k
-            assert all(torch.equal(a, b) for a, b in zip(ref["tables"][k], lean["tables"][k])), k
+        for plan, want_plan, n_a2a, blocks in (("mixed", ["column_wise", "table_wise"], 2, 0),
+                                                ("table_wise", ["table_wise"], 1, 1)):
+            ref, lean = res[f"{plan}/torchrec"], res[f"{plan}/lean"]
+            assert ref["plan"] == lean["plan"] == want_plan, ref["plan"]
+            assert ref["switched"] == 0 and lean["switched"] == lean["a2as"] == ref["a2as"] == n_a2a, (ref, lean)
+            assert (ref["set_up"], lean["set_up"]) == (0, n_a2a)
+            assert (ref["rank_blocks"], lean["rank_blocks"]) == (0, blocks), plan
+            assert len(ref["losses"]) == 4
+            for a, b in zip(ref["losses"], lean["losses"]):
+                assert torch.equal(a, b), (rank, plan, ref["losses"], lean["losses"])
+            assert ref["losses"][0].item() != ref["losses"][-1].item()  # it trained
+            assert torch.equal(ref["eval_logits"], lean["eval_logits"]), plan
+            assert ref["tables"].keys() == lean["tables"].keys()
+            assert sum(len(v) for v in ref["tables"].values()) > 0
+            for k in ref["tables"]:
+                assert len(ref["tables"][k]) == len(lean["tables"][k]), k
+                assert all(torch.equal(a, b) for a, b in zip(ref["tables"][k], lean["tables"][k])), (plan, k)
+        assert res["row_wise_set_up"] == 1
+        # perf.allreduce_after_output_dist: DDP's all-reduce held until the backward all-to-all is issued (or, when
+        # one reported due never comes, until the end of the backward); never in DDP's first static-graph
+        # iteration: held in steps 2-4, eager and compiled, and released by the all-to-all. The same training,
+        # bit for bit
+        eager, compiled = res["table_wise/torchrec"], res["compiled/lean"]
+        assert (eager["held"], res["table_wise/lean"]["held"], compiled["held"]) == (None, None, None)
+        # (forwards reported, backward passes that held and were released by the all-to-all, released at the end;
+        # held_to_the_end also reports its stand-in once per loop turn)
+        for name, released, ref in (("held", (4, 3, 0), eager), ("held_to_the_end", (4 + 5, 0, 3), eager),
+                                    ("compiled_held", (4, 3, 0), compiled)):
+            held = res[f"{name}/lean"]
+            assert held["held"] == released, (name, held["held"])
+            assert all(torch.equal(a, b) for a, b in zip(ref["losses"], held["losses"])), (name, held["losses"])
+            assert torch.equal(ref["eval_logits"], held["eval_logits"]), name
+            for k in ref["tables"]:
+                assert all(torch.equal(a, b) for a, b in zip(ref["tables"][k], held["tables"][k])), (name, k)
+
+
+def _held_worker(rank: int, world: int) -> Dict[str, Any]:
+    """DDP over a Linear, 3 steps, with and without :class:`dlrm.comms.AllReduceAfterOutputDist`; a stand-in for
+    the output dist (``Late``) is created before the Linear in forward, so autograd runs it after the Linear's
+    gradient accumulation and DDP's hook: the order seen on GPU, where the hook must hold the bucket."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dlrm.comms import AllReduceAfterOutputDist
+
+    torch.set_num_threads(1)
+    res: Dict[str, Any] = {}
+    for name in ("plain", "held"):
+        torch.manual_seed(0)
+        ddp = DDP(torch.nn.Linear(4, 3), static_graph=True)
+        held = AllReduceAfterOutputDist(dist.group.WORLD, static_graph=True) if name == "held" else None
+        if held is not None:
+            ddp.register_comm_hook(None, held.hook)
+        order: List[str] = []
+
+        class Late(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+                if held is not None:
+                    held.output_dist_forward(ctx)
+                return z * 1.0
+
+            @staticmethod
+            def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+                order.append(f"late, {len(held.pending) if held is not None else 0} held")
+                if held is not None:
+                    held.output_dist_issued(ctx)
+                return g
+
+        g = torch.Generator().manual_seed(rank)
+        grads = []
+        for _ in range(3):
+            z = torch.randn(5, 3, generator=g, requires_grad=True)
+            zz = Late.apply(z)  # before the Linear: a lower sequence number, so it runs last in backward
+            loss = (ddp(torch.randn(5, 4, generator=g)) * zz).sum()
+            loss.backward()
+            grads.append((ddp.module.weight.grad.clone(), z.grad.clone()))
+            ddp.zero_grad()
+        res[name] = {"grads": grads, "order": order,
+                     "held": None if held is None else (held.held_passes, held.released_at_end)}
+    return res
+
+
+def test_held_all_reduce_waits_for_the_all_to_all() -> None:
+    """``perf.allreduce_after_output_dist``'s hook: when DDP's hook runs before the output dist's backward (as on
+    GPU), the bucket is held until that backward reports its all-to-all, then all-reduced: held in steps 2 and 3
+    (DDP's first static-graph step runs the hooks after the whole backward; nothing is held there), never left
+    to the end-of-backward fallback, and the gradients are those of DDP's own all-reduce, bit for bit."""
+    for rank, res in enumerate(run_gloo(2, _held_worker)):
+        assert res["held"]["held"] == (2, 0), res["held"]
+        assert res["held"]["order"] == ["late, 0 held", "late, 1 held", "late, 1 held"], res["held"]["order"]
+        for (wa, za), (wb, zb) in zip(res["plain"]["grads"], res["held"]["grads"]):
+            assert torch.equal(wa, wb) and torch.equal(za, zb), rank
+        assert not torch.equal(res["plain"]["grads"][0][0], res["plain"]["grads"][1][0])
 
 
 def test_torchrec_private_names_exist() -> None:

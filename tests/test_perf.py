@@ -48,6 +48,9 @@ def test_perf_presets_compose() -> None:
     # seventh session (docs/benchmarks.md): bf16 DCN stream, one unsplit graph, 100 MiB DDP buckets
     assert (fast.dcn_residual_dtype, fast.compile_ddp_split, fast.ddp_bucket_cap_mb) == ("autocast", False, 100)
     assert (fp32.dcn_residual_dtype, fp32.compile_ddp_split, fp32.ddp_bucket_cap_mb) == ("fp32", True, 25)
+    # ninth session: the lean output dist (rank blocks) and the all-reduce held behind the backward all-to-all
+    assert (fast.lean_output_dist, fast.allreduce_after_output_dist) == (True, True)
+    assert (fp32.lean_output_dist, fp32.allreduce_after_output_dist) == (False, False)
     # a lever on top of a preset
     p = to_config(compose(["perf=fast", "perf.embedding_dtype=fp16",
                            "perf.compile_mode=max-autotune-no-cudagraphs"])).perf
@@ -73,6 +76,14 @@ def test_perf_presets_compose() -> None:
      "no effect while perf.compile=false; add perf.compile=true"),
     (["perf.ddp_bucket_cap_mb=0"], "config key `perf.ddp_bucket_cap_mb`: got 0; use a bucket size in MiB >= 1 (25: "
      "PyTorch's default)"),
+    (["perf.allreduce_after_output_dist=true"], "config key `perf.allreduce_after_output_dist`: holds DDP's "
+     "all-reduce until the lean output dists' backward all-to-alls are issued; add perf.lean_output_dist=true, or "
+     "set perf.allreduce_after_output_dist=false"),
+    (["perf=fast", "perf.lean_output_dist=false"], "config key `perf.allreduce_after_output_dist`: holds DDP's "
+     "all-reduce"),
+    (["perf=fast", "perf.allreduce_group=dedicated"], "config key `perf.allreduce_after_output_dist`: issues DDP's "
+     "fp32 all-reduce (PyTorch's default hook) on the shared group; with perf.allreduce_dtype=fp32 and "
+     "perf.allreduce_group=dedicated set perf.allreduce_after_output_dist=false (or use fp32 and shared)"),
     (["sharding.data_parallel_max_rows=0"], "config key `sharding.data_parallel_max_rows`: must be a positive number "
      "of rows, or null (off)"),
     (["sharding.data_parallel_max_rows=1000", "perf.embedding_dtype=fp16"], "config key "
@@ -630,8 +641,9 @@ def test_throughput_probe_arguments_are_checked() -> None:
 
 def test_patched_compile_functions_take_what_the_trainer_passes() -> None:
     """The bench's ``compile_dense`` replacements (``PATCHES``) accept the trainer's call
-    (``dlrm/trainer.py``: model, mode, coordinate-descent tuning, DDP split): a new ``compile_dense`` argument
-    that they lack would fail those variants only on the GPU host."""
+    (``dlrm/trainer.py``: model, mode, coordinate-descent tuning, DDP split), and its ``use_lean_output_dist``
+    replacement the trainer's call of that: a new argument that they lack would fail those variants only on the
+    GPU host."""
     import inspect
 
     sys.path.insert(0, str(REPO / "bench"))
@@ -639,15 +651,24 @@ def test_patched_compile_functions_take_what_the_trainer_passes() -> None:
 
     from dlrm.model import compile_dense
 
+    from dlrm.output_dist import use_lean_output_dist
+
     trainer_call = (object(), "default", False, True)
     inspect.signature(compile_dense).bind(*trainer_call)
-    swapped = [fn for patch, _ in throughput.PATCHES.values() for fn in patch.values()]
-    assert len(swapped) == 4
-    for fn in swapped:
+    swapped = {target: [fn for patch, _ in throughput.PATCHES.values() for t, fn in patch.items() if t == target]
+               for target in ("dlrm.trainer:compile_dense", "dlrm.trainer:use_lean_output_dist")}
+    assert [len(v) for v in swapped.values()] == [4, 1]
+    assert sum(len(patch) for patch, _ in throughput.PATCHES.values()) == 5  # no other target
+    for fn in swapped["dlrm.trainer:compile_dense"]:
         inspect.signature(fn).bind(*trainer_call)
+    # and the lean output dist's replacement takes the trainer's call of use_lean_output_dist
+    lean_call = ((object(),), {"rank_blocks": True, "a2a_listener": None})
+    for fn in swapped["dlrm.trainer:use_lean_output_dist"] + [use_lean_output_dist]:
+        inspect.signature(fn).bind(*lean_call[0], **lean_call[1])
     src = (REPO / "dlrm" / "trainer.py").read_text()
     assert ("compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)"
             in src)
+    assert "use_lean_output_dist(dmp, rank_blocks=blocks, a2a_listener=held)" in src
 
 
 # ------------------------------------------------------------------------------------------ all-reduce dtype

@@ -135,6 +135,20 @@ def test_plan_path_for_another_job_is_refused(tmp_path: Path) -> None:
         plan_job([*SMALL, f"sharding.plan_path={tmp_path / 'nope.json'}"], world_size=2)
 
 
+def test_shipped_balanced_plan_loads_for_its_model_only() -> None:
+    """``bench/plans/tw2_a.json`` (the hand-balanced 2-GPU plan the README recommends for the capped MLPerf model):
+    it loads for ``model=dlrm_v2 model.row_cap=4000000`` on 2 ranks, every table table_wise, with t_cat_11 and
+    t_cat_15 on rank 0 and t_cat_5 and t_cat_12 on rank 1; the uncapped model is refused (shards cover 4 M of
+    40 M rows)."""
+    path = str(REPO / "bench" / "plans" / "tw2_a.json")
+    capped = plan_job(["model=dlrm_v2", "model.row_cap=4000000", f"sharding.plan_path={path}"], world_size=2)
+    by = _by_table(capped)
+    assert {ps.sharding_type for ps in by.values()} == {"table_wise"} and len(by) == 26
+    assert [by[f"t_cat_{i}"].ranks for i in (11, 15, 5, 12)] == [[0], [0], [1], [1]]
+    with pytest.raises(PlanError, match=r"t_cat_0 in .*tw2_a.json: its shards cover 512000000 of 5120000000"):
+        plan_job(["model=dlrm_v2", f"sharding.plan_path={path}"], world_size=2)
+
+
 # ------------------------------------------------------------------------------------------- plan-time errors
 def test_dim_not_multiple_of_4_for_fused_kernels() -> None:
     dim6 = [*SMALL, "model.embedding_dim=6", "model.dense_arch_layer_sizes=[8,6]"]
