@@ -54,7 +54,7 @@ a step that grows by the full amount is bound by that side; one that does not gr
 
 ``fast_plan_a`` / ``fast_plan_b`` train with the hand-balanced table_wise plans in ``bench/plans/`` (2 ranks, the
 capped MLPerf tables; ``sharding.plan_path``), written from the planner's plan after a trace showed one rank's TBE
-backward 0.73 ms longer (docs/benchmarks.md, eighth session). Under the ninth session's ``fast``, plan a was 0.25-0.45
+backward 0.73 ms longer (docs/benchmarks.md, eighth session). Under the ninth session's ``fast``, plan a was 0.25-0.43
 ms per step faster than the planner's plan.
 
 Ninth session: ``fast`` includes ``perf.lean_output_dist`` (rank blocks) and ``perf.allreduce_after_output_dist``;
@@ -171,13 +171,13 @@ LEVERS: Dict[str, List[str]] = {
                          "+sharding.constraints.t_cat_20.min_partition=64"],
     "fast_hybrid_rw20": ["perf=fast", "sharding.data_parallel_max_rows=100000",
                          "+sharding.constraints.t_cat_20.sharding_types=[row_wise]"],
-    "fast_lean_output_dist": ["perf=fast", "perf.lean_output_dist=true"],
-    "fast_lean_autotune": ["perf=fast", "perf.lean_output_dist=true", "perf.compile_mode=max-autotune-no-cudagraphs"],
+    # the lean output dist without the held all-reduce (perf=fast holds it since the ninth session)
+    "fast_lean_output_dist": ["perf=fast"] + NO_HOLD,
+    "fast_lean_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"] + NO_HOLD,
     "fast_eighth": EIGHTH,  # perf=fast of the eighth session
-    "fast_lean_regroup": ["perf=fast", "perf.lean_output_dist=true"],  # patched: no rank blocks (eighth session's)
-    "fast_lean_held": ["perf=fast", "perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true"],
-    "fast_lean_held_autotune": ["perf=fast", "perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true",
-                                "perf.compile_mode=max-autotune-no-cudagraphs"],
+    "fast_lean_regroup": ["perf=fast"] + NO_HOLD,  # patched: no rank blocks (the eighth session's lean output dist)
+    "fast_lean_held": ["perf=fast"],  # = fast since the ninth session
+    "fast_lean_held_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_compiled_optimizer": ["perf=fast"],  # patched: the dense Adagrad step compiled
     "fast_hybrid_compiled_optimizer": ["perf=fast", "sharding.data_parallel_max_rows=100000"],  # patched, as above
     # table_wise plans rebalanced by hand from the eighth session's 2-GPU trace (rank 1's TBE backward ran 0.7 ms
