@@ -292,8 +292,8 @@ class AllReduceAfterOutputDist:
 
     def output_dist_issued(self, node: Any) -> None:
         """``node``'s backward all-to-all was issued; when no other is due, the held buckets go."""
-        self.due = [r for r in self.due if r() is not None and r() is not node]
-        if self.pending and not self._due():
+        self.due = [r for r in self.due if r() is not node]
+        if self.pending and not self._due():  # _due drops the dead references
             self.held_passes += 1
             self._release()
 

@@ -65,6 +65,9 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torchrec.distributed import comm_ops
 from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll, PooledEmbeddingsAwaitable
+from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
+from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
+from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 
 PRIVATE_NAMES = ("_pg", "_dim_sum_per_rank", "_codecs", "_callbacks")  # of PooledEmbeddingsAllToAll
 # the output dists' lazy builders of their PooledEmbeddingsAllToAll (table_wise / column_wise; table_row_wise, grid)
@@ -109,7 +112,8 @@ class RankBlocks(NamedTuple):
 class _LeanPooledReq(torch.autograd.Function):
     """Issue the forward all-to-all of ``[B_global, D_local]`` pooled embeddings straight from the lookup output;
     backward: wait for the gradient all-to-all and hand back ``[B_global, D_local]`` (already divided by the world
-    size where TorchRec divides it: :class:`_LeanPooledWait` did that before sending)."""
+    size where TorchRec divides it, before sending: by :class:`_LeanPooledWait`, or in rank-block mode by the
+    consumer's gather)."""
 
     @staticmethod
     def forward(ctx: Any, pg: dist.ProcessGroup, myreq: comm_ops.Request, splits: Splits,  # type: ignore[override]
@@ -141,7 +145,8 @@ class _LeanPooledWait(torch.autograd.Function):
     """Wait for the forward all-to-all and lay the rank blocks side by side as ``[B_local, D_global]`` (one
     ``cat``, as TorchRec); backward: write each rank's column block of the gradient, divided by the world size as
     TorchRec's ``GRADIENT_DIVISION`` asks, straight into the send buffer (one pass) and issue the gradient
-    all-to-all."""
+    all-to-all. In rank-block mode (:class:`RankBlocks`, inside :func:`accepting_rank_blocks`) neither pass: the
+    receive buffer is returned as is, and its gradient arrives in the send layout, already divided."""
 
     @staticmethod
     def forward(ctx: Any, pg: dist.ProcessGroup, myreq: comm_ops.Request,  # type: ignore[override]
@@ -252,10 +257,6 @@ def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: An
 def _dist_classes() -> Dict[type, Tuple[str, str]]:
     """TorchRec's output dists that build a ``PooledEmbeddingsAllToAll`` on first use -> (their builder, the
     attribute holding the process group of that all-to-all). The row_wise dist (a reduce-scatter) is not one."""
-    from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
-    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
-    from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
-
     return {TwPooledEmbeddingDist: (BUILDERS[0], "_pg"),  # table_wise, column_wise
             TwRwPooledEmbeddingDist: (BUILDERS[1], "_cross_pg"),  # table_row_wise: the all-to-all across hosts
             GridPooledEmbeddingDist: (BUILDERS[1], "_cross_pg")}  # grid_shard: the same
@@ -292,7 +293,6 @@ def use_lean_output_dist(model: torch.nn.Module, rank_blocks: bool = False, a2a_
         return _switch(model, a2a_listener=a2a_listener)
     kinds = _dist_classes()
     n = 0
-    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
     for module in model.modules():
         ods = getattr(module, "_output_dists", None) or []
         for od in ods:

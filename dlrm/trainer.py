@@ -121,7 +121,7 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
         # rank blocks (no cat, no regrouping pass: the sparse arch gathers inside the dense step) need the sparse
         # arch that gathers them and whole tables per rank
         blocks = isinstance(model.model.sparse_arch, ZeroCopySparseArch) and all(
-            ps.sharding_type == "table_wise" for tables in plan.plan.values() for ps in tables.values())
+            ps.sharding_type == "table_wise" for module_plan in plan.plan.values() for ps in module_plan.values())
         if perf.allreduce_after_output_dist:
             ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
             if ddp is not None:
