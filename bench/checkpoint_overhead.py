@@ -35,10 +35,20 @@ def run(steps: int, every: int, async_save: bool, extra: list) -> Tuple[float, L
     from dlrm.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as d:
-        cfg = compose([f"trainer.max_steps={steps}", f"checkpoint.every_n_steps={every}",
-                       f"checkpoint.async_save={str(async_save).lower()}", "eval.every_n_steps=null",
-                       "eval.at_end=false", "data.num_test_samples=0", "logger.log_every_n_steps=50",
-                       "checkpoint.resume=none", f"checkpoint.dir={d}/ck", *extra])
+        cfg = compose(
+            [
+                f"trainer.max_steps={steps}",
+                f"checkpoint.every_n_steps={every}",
+                f"checkpoint.async_save={str(async_save).lower()}",
+                "eval.every_n_steps=null",
+                "eval.at_end=false",
+                "data.num_test_samples=0",
+                "logger.log_every_n_steps=50",
+                "checkpoint.resume=none",
+                f"checkpoint.dir={d}/ck",
+                *extra,
+            ]
+        )
         t = Trainer(cfg, d)
         t.setup()
         saves: List[float] = []
@@ -88,8 +98,9 @@ def main() -> None:
             line += f" ({100 * (v / res['none'][0] - 1):+.1f}% vs none)"
         if saves:
             later = saves[1:] or saves
-            line += (f"; in save(): first {saves[0]:.2f}s, later mean {sum(later) / len(later):.3f}s "
-                     f"({len(saves)} saves)")
+            line += (
+                f"; in save(): first {saves[0]:.2f}s, later mean {sum(later) / len(later):.3f}s ({len(saves)} saves)"
+            )
         print(line, flush=True)
 
 

@@ -89,15 +89,25 @@ def to_float8(train_model: torch.nn.Module, recipe: str) -> int:
     crossnet = getattr(net.inter_arch, "crossnet", None)
     if crossnet is not None and hasattr(crossnet, "V_kernels"):
         device = crossnet.V_kernels[0].device
-        mm_config = Float8Linear.from_float(torch.nn.Linear(16, 16, bias=False, device=device), config=cfg
-                                            ).linear_mm_config
+        mm_config = Float8Linear.from_float(
+            torch.nn.Linear(16, 16, bias=False, device=device), config=cfg
+        ).linear_mm_config
         crossnet.forward = types.MethodType(_float8_crossnet_forward(cfg, mm_config), crossnet)
         n += 2 * len(crossnet.V_kernels)
     return n
 
 
-def time_recipe(recipe: str, model_cfg: ModelConfig, batch: int, device: torch.device, steps: int, warmup: int,
-                repeats: int, seed: int = 0, compile: bool = True) -> Dict[str, Any]:
+def time_recipe(
+    recipe: str,
+    model_cfg: ModelConfig,
+    batch: int,
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    seed: int = 0,
+    compile: bool = True,
+) -> Dict[str, Any]:
     """Build, compile (``compile``: as ``perf.compile``) and time one recipe; returns ``{"recipe", "ms_repeats",
     "ms_median", "fp8_products", "first_loss"}`` (``first_loss``: the first step's float loss, before any
     update; the same model and inputs for a given ``seed``)."""
@@ -113,8 +123,11 @@ def time_recipe(recipe: str, model_cfg: ModelConfig, batch: int, device: torch.d
     opt = torch.optim.Adagrad(params, lr=0.005)
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     dense = torch.randn(batch, 13, generator=g).to(device)
-    emb = (torch.randn(batch, len(model_cfg.table_rows), model_cfg.embedding_dim, generator=g) * 0.05
-           ).to(device=device, dtype=torch.bfloat16).requires_grad_(True)
+    emb = (
+        (torch.randn(batch, len(model_cfg.table_rows), model_cfg.embedding_dim, generator=g) * 0.05)
+        .to(device=device, dtype=torch.bfloat16)
+        .requires_grad_(True)
+    )
     labels = (torch.rand(batch, generator=g) < 0.25).to(device=device, dtype=torch.int64)
     step = model.compiled_step or model.dense_step
     first: Optional[float] = None
@@ -148,8 +161,13 @@ def time_recipe(recipe: str, model_cfg: ModelConfig, batch: int, device: torch.d
             for _ in range(steps):
                 one()
             times.append((time.perf_counter() - t0) * 1e3 / steps)
-    return {"recipe": recipe, "ms_repeats": times, "ms_median": statistics.median(times), "fp8_products": n8,
-            "first_loss": first}
+    return {
+        "recipe": recipe,
+        "ms_repeats": times,
+        "ms_median": statistics.median(times),
+        "fp8_products": n8,
+        "first_loss": first,
+    }
 
 
 def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
@@ -180,9 +198,12 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     for r in order:
         row = time_recipe(r, cfg.model, batch, device, steps, warmup, repeats)
         rows.append(row)
-        print(f"{r:20s} b{batch}: {row['ms_median']:.3f} ms/step ({min(row['ms_repeats']):.3f}-"
-              f"{max(row['ms_repeats']):.3f}), {row['fp8_products']} float8 products, first loss "
-              f"{row['first_loss']:.6f}", flush=True)
+        print(
+            f"{r:20s} b{batch}: {row['ms_median']:.3f} ms/step ({min(row['ms_repeats']):.3f}-"
+            f"{max(row['ms_repeats']):.3f}), {row['fp8_products']} float8 products, first loss "
+            f"{row['first_loss']:.6f}",
+            flush=True,
+        )
         torch._dynamo.reset()
     if args.out:
         os.makedirs(args.out, exist_ok=True)

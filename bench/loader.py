@@ -37,8 +37,11 @@ def generate(root: str, rows: int, row_cap: int) -> None:
     meta_path = os.path.join(root, B.META)
     if os.path.isfile(meta_path):
         meta = json.load(open(meta_path))
-        if sum(d["rows"] for d in meta["days"][:-1]) == rows and meta["table_rows"] == table_rows and \
-                (meta.get("multi_hot") or {}).get("materialized"):
+        if (
+            sum(d["rows"] for d in meta["days"][:-1]) == rows
+            and meta["table_rows"] == table_rows
+            and (meta.get("multi_hot") or {}).get("materialized")
+        ):
             return
     t0 = time.perf_counter()
     g = np.random.default_rng(0)
@@ -60,8 +63,17 @@ def measure(root: str, mode: str, batch: int, seconds: float, warmup: int, prefe
     train, _, _ = B.load_splits(root, meta["table_rows"], None, multi_hot_files=mode == "materialized")
     mh = None if mode == "one_hot" else B.make_multi_hot(root, meta, mode, MLPERF_MULTI_HOT_SIZES, 0)
     plan = train_plan(len(train), batch, 1)
-    it = B.train_batches(train, plan=plan, rank=0, epochs=1, max_steps=None, feature_names=FEATURE_NAMES,
-                         multi_hot=mh, prefetch=prefetch, pin_memory=False)
+    it = B.train_batches(
+        train,
+        plan=plan,
+        rank=0,
+        epochs=1,
+        max_steps=None,
+        feature_names=FEATURE_NAMES,
+        multi_hot=mh,
+        prefetch=prefetch,
+        pin_memory=False,
+    )
     ids = 0
     for _ in range(warmup):
         next(it)
@@ -74,9 +86,17 @@ def measure(root: str, mode: str, batch: int, seconds: float, warmup: int, prefe
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     if hasattr(it, "close"):
         it.close()
-    return {"mode": mode, "prefetch": prefetch, "batch": batch, "samples": n, "seconds": round(dt, 3),
-            "samples_per_s": round(n / dt), "ids_per_sample": ids // max(n, 1), "cpu_seconds": round(cpu, 3),
-            "samples_per_cpu_s": round(n / cpu)}
+    return {
+        "mode": mode,
+        "prefetch": prefetch,
+        "batch": batch,
+        "samples": n,
+        "seconds": round(dt, 3),
+        "samples_per_s": round(n / dt),
+        "ids_per_sample": ids // max(n, 1),
+        "cpu_seconds": round(cpu, 3),
+        "samples_per_cpu_s": round(n / cpu),
+    }
 
 
 def main() -> None:
@@ -90,8 +110,11 @@ def main() -> None:
     ap.add_argument("--modes", default="one_hot,materialized,on_the_fly")
     args = ap.parse_args()
     generate(args.dir, args.rows, args.row_cap)
-    print(f"host {platform.node()} {os.cpu_count()} cpus, numpy {np.__version__}; {args.rows:,} train rows, batch "
-          f"{args.batch}", flush=True)
+    print(
+        f"host {platform.node()} {os.cpu_count()} cpus, numpy {np.__version__}; {args.rows:,} train rows, batch "
+        f"{args.batch}",
+        flush=True,
+    )
     for mode in args.modes.split(","):
         for prefetch in (0, 2):
             print(json.dumps(measure(args.dir, mode, args.batch, args.seconds, args.warmup, prefetch)), flush=True)

@@ -97,13 +97,16 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     chunk = n // world
     inp = torch.full((n,), float(rank + 1), dtype=torch.bfloat16, device=device)
     out = torch.empty(n, dtype=torch.bfloat16, device=device)
-    a = torch.randn(args.batch_size, 3456 if cuda else 32, device=device,
-                    dtype=torch.bfloat16)
+    a = torch.randn(args.batch_size, 3456 if cuda else 32, device=device, dtype=torch.bfloat16)
     b = torch.randn(a.shape[1], 1024 if cuda else 32, device=device, dtype=torch.bfloat16)
     expected = torch.cat([torch.full((chunk,), float(r + 1), dtype=torch.bfloat16) for r in range(world)])
     cases = [("sm", dist.group.WORLD, inp, out, False), ("sm_splits", dist.group.WORLD, inp, out, True)]
-    meta: Dict[str, Any] = {"world": world, "backend": dist.get_backend(), "bytes_per_destination": chunk * 2,
-                            "torch": torch.__version__}
+    meta: Dict[str, Any] = {
+        "world": world,
+        "backend": dist.get_backend(),
+        "bytes_per_destination": chunk * 2,
+        "torch": torch.__version__,
+    }
     if cuda:
         meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         opts = dist.ProcessGroupNCCL.Options()
@@ -122,6 +125,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     t_mm = _timeit(mm, args.iters, sync)
     rows = []
     for name, group, i, o, splits in cases:
+
         def a2a(group=group, i=i, o=o, splits=splits):  # noqa: ANN001, ANN202 - bound per case
             s = [chunk] * world if splits else None
             return dist.all_to_all_single(o, i, s, s, group=group, async_op=True)
@@ -136,11 +140,19 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
             work.wait()
 
         t_both = _timeit(both, args.iters, sync)
-        row = {"case": name, "a2a_ms": t_a2a, "mm_ms": t_mm, "both_ms": t_both, "added_ms": t_both - t_mm,
-               "correct": correct}
+        row = {
+            "case": name,
+            "a2a_ms": t_a2a,
+            "mm_ms": t_mm,
+            "both_ms": t_both,
+            "added_ms": t_both - t_mm,
+            "correct": correct,
+        }
         rows.append(row)
-        sys.stdout.write(f"[rank {rank}] {name:24s} a2a {t_a2a:.3f} ms | {args.matmuls} matmuls {t_mm:.3f} | both "
-                         f"{t_both:.3f} (+{t_both - t_mm:.3f}) | correct {correct}\n")  # one write: lines stay whole
+        sys.stdout.write(
+            f"[rank {rank}] {name:24s} a2a {t_a2a:.3f} ms | {args.matmuls} matmuls {t_mm:.3f} | both "
+            f"{t_both:.3f} (+{t_both - t_mm:.3f}) | correct {correct}\n"
+        )  # one write: lines stay whole
         sys.stdout.flush()
     if args.out and rank == 0:
         os.makedirs(args.out, exist_ok=True)

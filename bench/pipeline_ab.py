@@ -70,8 +70,14 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper  # noq
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
 from dlrm.comms import input_dist_group, use_group_for_input_dist  # noqa: E402
-from dlrm.config import (MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, ModelConfig, OffloadConfig,  # noqa: E402
-                         OptimizerConfig, PipelineConfig)
+from dlrm.config import (
+    MLPERF_MULTI_HOT_SIZES,
+    MLPERF_NUM_EMBEDDINGS,
+    ModelConfig,
+    OffloadConfig,  # noqa: E402
+    OptimizerConfig,
+    PipelineConfig,
+)
 from dlrm.model import FEATURE_NAMES, build_model, table_configs  # noqa: E402
 from dlrm.offload import offload_constraints  # noqa: E402
 from dlrm.pipeline import build_pipeline  # noqa: E402
@@ -118,20 +124,41 @@ def drain(pipe: Any, it: Any) -> None:
 
 def model_config(args: argparse.Namespace, row_cap: Optional[int]) -> ModelConfig:
     if args.smoke:
-        return ModelConfig(name="smoke", embedding_dim=16, row_cap=row_cap or 1000, multi_hot_sizes=[2] * 26,
-                           dense_arch_layer_sizes=[32, 16], over_arch_layer_sizes=[32, 1], dcn_num_layers=1,
-                           dcn_low_rank_dim=8)
-    return ModelConfig(name="dlrm_v2", embedding_dim=128, num_embeddings_per_feature=list(MLPERF_NUM_EMBEDDINGS),
-                       row_cap=row_cap, multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES),
-                       dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
-                       dcn_num_layers=3, dcn_low_rank_dim=512)
+        return ModelConfig(
+            name="smoke",
+            embedding_dim=16,
+            row_cap=row_cap or 1000,
+            multi_hot_sizes=[2] * 26,
+            dense_arch_layer_sizes=[32, 16],
+            over_arch_layer_sizes=[32, 1],
+            dcn_num_layers=1,
+            dcn_low_rank_dim=8,
+        )
+    return ModelConfig(
+        name="dlrm_v2",
+        embedding_dim=128,
+        num_embeddings_per_feature=list(MLPERF_NUM_EMBEDDINGS),
+        row_cap=row_cap,
+        multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES),
+        dense_arch_layer_sizes=[512, 256, 128],
+        over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+        dcn_num_layers=3,
+        dcn_low_rank_dim=512,
+    )
 
 
 IDS_DTYPES = {"int64": torch.int64, "int32": torch.int32}
 
 
-def make_batches(mc: ModelConfig, batch: int, n: int, device: torch.device, host: bool, seed: int,
-                 ids_dtype: torch.dtype = torch.int64) -> List[Batch]:
+def make_batches(
+    mc: ModelConfig,
+    batch: int,
+    n: int,
+    device: torch.device,
+    host: bool,
+    seed: int,
+    ids_dtype: torch.dtype = torch.int64,
+) -> List[Batch]:
     """``n`` random batches, built once: uniform ids below each table's rows, ``multi_hot_sizes`` ids per sample
     and feature (KJT values ``ids_dtype``, int64 by default, int32 as ``data=criteo_binary`` loads them; lengths
     int32; dense float32 [batch, 13]; labels float32 [batch]). The ids are the same values in either dtype."""
@@ -141,11 +168,14 @@ def make_batches(mc: ModelConfig, batch: int, n: int, device: torch.device, host
     lengths = torch.tensor(sizes, dtype=torch.int32, device=where).repeat_interleave(batch)
     out = []
     for _ in range(n):
-        values = torch.cat([torch.randint(0, r, (batch * m,), generator=g, device=where)
-                            for r, m in zip(rows, sizes)]).to(ids_dtype)
-        b = Batch(dense_features=torch.randn(batch, 13, generator=g, device=where),
-                  sparse_features=KeyedJaggedTensor(keys=FEATURE_NAMES, values=values, lengths=lengths),
-                  labels=torch.randint(0, 2, (batch,), generator=g, device=where).float())
+        values = torch.cat(
+            [torch.randint(0, r, (batch * m,), generator=g, device=where) for r, m in zip(rows, sizes)]
+        ).to(ids_dtype)
+        b = Batch(
+            dense_features=torch.randn(batch, 13, generator=g, device=where),
+            sparse_features=KeyedJaggedTensor(keys=FEATURE_NAMES, values=values, lengths=lengths),
+            labels=torch.randint(0, 2, (batch,), generator=g, device=where).float(),
+        )
         out.append(b.pin_memory() if host and device.type == "cuda" else b)
     return out
 
@@ -167,26 +197,40 @@ class Runner:
         constraints: Optional[Dict[str, ParameterConstraints]] = None
         if not spec.stock:
             kernels = ["fused"] if spec.offload == "none" else None
-            constraints = {t.name: ParameterConstraints(
-                sharding_types=[spec.sharding] if spec.sharding else None, compute_kernels=kernels) for t in tables}
+            constraints = {
+                t.name: ParameterConstraints(
+                    sharding_types=[spec.sharding] if spec.sharding else None, compute_kernels=kernels
+                )
+                for t in tables
+            }
             if spec.offload != "none":
                 constraints = offload_constraints(
-                    OffloadConfig(spec.offload, min_table_rows=args.offload_min_rows,
-                                  cache_load_factor=spec.load_factor or 0.2), tables, base=constraints)
+                    OffloadConfig(
+                        spec.offload, min_table_rows=args.offload_min_rows, cache_load_factor=spec.load_factor or 0.2
+                    ),
+                    tables,
+                    base=constraints,
+                )
         sharders = [CpuEBCSharder()] if device.type == "cpu" and not spec.stock else get_default_sharders()
-        topo = dict(world_size=world, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-                    compute_device=device.type)
+        topo = dict(
+            world_size=world,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+            compute_device=device.type,
+        )
         if device.type == "cuda":
             topo["hbm_cap"] = torch.cuda.get_device_properties(device).total_memory
         planner = EmbeddingShardingPlanner(
-            topology=Topology(**topo), batch_size=spec.batch, constraints=constraints,
-            storage_reservation=HeuristicalStorageReservation(percentage=0.05))
+            topology=Topology(**topo),
+            batch_size=spec.batch,
+            constraints=constraints,
+            storage_reservation=HeuristicalStorageReservation(percentage=0.05),
+        )
         plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-        self.plan_kernels = sorted({(ps.sharding_type, ps.compute_kernel)
-                                    for mp in plan.plan.values() for ps in mp.values()})  # type: ignore
+        self.plan_kernels = sorted(
+            {(ps.sharding_type, ps.compute_kernel) for mp in plan.plan.values() for ps in mp.values()}
+        )  # type: ignore
         self.model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-        dense = KeyedOptimizerWrapper(dense_params(self.model),
-                                      lambda p: torch.optim.Adagrad(p, lr=args.lr, eps=1e-8))
+        dense = KeyedOptimizerWrapper(dense_params(self.model), lambda p: torch.optim.Adagrad(p, lr=args.lr, eps=1e-8))
         self.opt = CombinedOptimizer([self.model.fused_optimizer, dense])
         if spec.stock:
             self.pipe = TrainPipelineSparseDist(self.model, self.opt, device)
@@ -195,8 +239,15 @@ class Runner:
             self.pipe = build_pipeline(self.model, self.opt, device, PipelineConfig(name, "shared"))
             if "dedicated" in spec.variants:  # hook before the first batch builds the input dists
                 use_group_for_input_dist(self.model, dist.group.WORLD)
-        self.pool = make_batches(mc, spec.batch, args.pool, device, args.host_batches, seed=1000 + dist.get_rank(),
-                                 ids_dtype=IDS_DTYPES[getattr(args, "ids_dtype", "int64")])
+        self.pool = make_batches(
+            mc,
+            spec.batch,
+            args.pool,
+            device,
+            args.host_batches,
+            seed=1000 + dist.get_rank(),
+            ids_dtype=IDS_DTYPES[getattr(args, "ids_dtype", "int64")],
+        )
 
     def set_variant(self, variant: str) -> None:
         if variant == "dedicated":
@@ -247,8 +298,10 @@ CATEGORIES = [  # (label, substrings of CUDA kernel names); the first match wins
     ("TBE forward (lookup)", ("embedding_forward", "split_embedding", "_fwd_kernel", "bounds_check")),
     ("NCCL all-reduce", ("AllReduce",)),
     ("NCCL all-to-all", ("SendRecv", "AllToAll", "nccl")),
-    ("TBE cache (uvm_caching prefetch)", ("lru_cache", "lfu_cache", "cache_insert", "linearize_cache",
-                                        "lxu_cache", "direct_mapped")),
+    (
+        "TBE cache (uvm_caching prefetch)",
+        ("lru_cache", "lfu_cache", "cache_insert", "linearize_cache", "lxu_cache", "direct_mapped"),
+    ),
     ("matrix products", ("gemm", "cutlass", "sm90_", "sm100_", "cublas", "xmma", "_mm_", "nvjet")),
     ("fused elementwise (triton)", ("triton",)),
     ("copies", ("memcpy", "Memcpy", "copy_", "CatArrayBatchedCopy")),
@@ -261,8 +314,12 @@ def _is_annotation(ev: Any) -> bool:
     if getattr(ev, "is_user_annotation", False):
         return True
     k = ev.key
-    return k.startswith(("[", "##")) or "#" in k or k.endswith((".forward", ".backward")) or k.startswith(
-        ("DistributedDataParallel", "Optimizer.", "ProfilerStep"))
+    return (
+        k.startswith(("[", "##"))
+        or "#" in k
+        or k.endswith((".forward", ".backward"))
+        or k.startswith(("DistributedDataParallel", "Optimizer.", "ProfilerStep"))
+    )
 
 
 def _device_time(ev: Any) -> float:
@@ -271,8 +328,13 @@ def _device_time(ev: Any) -> float:
     return getattr(ev, "cuda_time_total", 0.0) if t is None else t
 
 
-SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
-               "aten::item")
+SYNC_EVENTS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "aten::_local_scalar_dense",
+    "aten::item",
+)
 
 
 def _profile_steps(run: "Runner", steps: int, **profile_kwargs: Any) -> Any:
@@ -292,10 +354,15 @@ def _profile_steps(run: "Runner", steps: int, **profile_kwargs: Any) -> Any:
     return prof
 
 
-def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tuple[str, float]]] = None,
-                         trace: Optional[str] = None, syncs: Optional[List[Tuple[str, float, float]]] = None,
-                         gaps: Optional[Dict[str, Any]] = None, host: Optional[Dict[str, Any]] = None
-                         ) -> Dict[str, float]:
+def gpu_time_by_category(
+    run: "Runner",
+    steps: int = 10,
+    top: Optional[List[Tuple[str, float]]] = None,
+    trace: Optional[str] = None,
+    syncs: Optional[List[Tuple[str, float, float]]] = None,
+    gaps: Optional[Dict[str, Any]] = None,
+    host: Optional[Dict[str, Any]] = None,
+) -> Dict[str, float]:
     """CUDA kernel time per step (ms) by :data:`CATEGORIES` over ``steps`` profiled steps of ``run``; with
     ``top`` (a list), also appends the 25 largest kernels as ``(name, ms per step)``.
 
@@ -310,8 +377,12 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
     ops with the most host time of their own; CPU op tracing inflates both, so read them as shares)."""
     from torch.profiler import ProfilerActivity
 
-    prof = _profile_steps(run, steps, activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                          with_stack=trace is not None or syncs is not None)
+    prof = _profile_steps(
+        run,
+        steps,
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        with_stack=trace is not None or syncs is not None,
+    )
     if trace is not None:
         prof.export_chrome_trace(trace)
     if gaps is not None and run.device.type != "cuda":
@@ -321,17 +392,22 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
         # (measured on H200: 12 ms idle in a 13.6 ms step with Python stacks), which would blame the host
         cuda_prof = _profile_steps(run, steps, activities=[ProfilerActivity.CUDA])
         with tempfile.TemporaryDirectory() as tmp:
-            path = (os.path.join(tmp, "trace.json") if trace is None
-                    else f"{os.path.splitext(trace)[0]}_cuda_only.json")
+            path = os.path.join(tmp, "trace.json") if trace is None else f"{os.path.splitext(trace)[0]}_cuda_only.json"
             cuda_prof.export_chrome_trace(path)  # with ``trace``: kept beside it (the undisturbed device timeline)
             with open(path, encoding="utf-8") as f:
                 gaps.update(idle_gaps(json.load(f), steps))
     if host is not None:
         host.update(host_time(prof, steps))
     if syncs is not None:
-        found = [(f"{ev.key} <- {' <- '.join(fr for fr in ev.stack if 'nn/modules/module.py' not in fr)[:600]}",
-                  ev.count / steps, ev.cpu_time_total / 1000.0 / steps)
-                 for ev in prof.key_averages(group_by_stack_n=15) if ev.key in SYNC_EVENTS]
+        found = [
+            (
+                f"{ev.key} <- {' <- '.join(fr for fr in ev.stack if 'nn/modules/module.py' not in fr)[:600]}",
+                ev.count / steps,
+                ev.cpu_time_total / 1000.0 / steps,
+            )
+            for ev in prof.key_averages(group_by_stack_n=15)
+            if ev.key in SYNC_EVENTS
+        ]
         syncs += sorted(found, key=lambda x: -x[2])[:20]
     cats: Dict[str, float] = {c: 0.0 for c, _ in CATEGORIES}
     cats["other elementwise / reductions"] = 0.0
@@ -348,8 +424,11 @@ def gpu_time_by_category(run: "Runner", steps: int = 10, top: Optional[List[Tupl
         else:
             cats["other elementwise / reductions"] += t
     if top is not None:
-        kernels = [(ev.key, _device_time(ev)) for ev in prof.key_averages()
-                   if ev.device_type.name == "CUDA" and not _is_annotation(ev)]
+        kernels = [
+            (ev.key, _device_time(ev))
+            for ev in prof.key_averages()
+            if ev.device_type.name == "CUDA" and not _is_annotation(ev)
+        ]
         top += [(k[:120], t / 1000.0 / steps) for k, t in sorted(kernels, key=lambda kv: -kv[1])[:25]]
     out = {k: v / 1000.0 / steps for k, v in cats.items()}
     out["total GPU kernel time"] = total / 1000.0 / steps
@@ -374,8 +453,10 @@ def host_time(prof: Any, steps: int, top: int = 25) -> Dict[str, Any]:
             acc[1] += ev.count / steps
         else:
             own.append((ev.key, ev.self_cpu_time_total / 1000.0 / steps, ev.count / steps))
-    return {"ranges": sorted([(k, v[0], v[1]) for k, v in ranges.items()], key=lambda x: -x[1]),
-            "self_ops": sorted(own, key=lambda x: -x[1])[:top]}
+    return {
+        "ranges": sorted([(k, v[0], v[1]) for k, v in ranges.items()], key=lambda x: -x[1]),
+        "self_ops": sorted(own, key=lambda x: -x[1])[:top],
+    }
 
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -403,8 +484,9 @@ def idle_gaps(trace: Dict[str, Any], steps: int, min_us: float = 2.0, top: int =
     """
     evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     dev = sorted((e for e in evs if e.get("cat") in _DEVICE_CATS), key=lambda e: e["ts"])
-    launches = {e["args"]["correlation"]: e for e in evs if e.get("cat") in _LAUNCH_CATS
-                and "correlation" in e.get("args", {})}
+    launches = {
+        e["args"]["correlation"]: e for e in evs if e.get("cat") in _LAUNCH_CATS and "correlation" in e.get("args", {})
+    }
     blocking = [e for e in evs if e.get("cat") in _LAUNCH_CATS and e["name"] in _BLOCKING]
     frames: Dict[Any, List[Dict[str, Any]]] = {}
     for e in sorted(evs, key=lambda e: e["ts"]):
@@ -450,20 +532,34 @@ def idle_gaps(trace: Dict[str, Any], steps: int, min_us: float = 2.0, top: int =
     per = 1000.0 * steps
     kinds = {k: sum(sum(v) for (kk, _), v in by.items() if kk == k) / per for k in ("host", "device")}
     ranked = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]
-    return {"idle_ms_per_step": sum(g1 - g0 for g0, g1, _ in gaps) / per,
-            "host_ms_per_step": kinds["host"], "device_ms_per_step": kinds["device"],
-            "busy_ms_per_step": busy / per, "gaps_per_step": len(gaps) / steps,
-            "top": [(k, label, sum(v) / per, len(v) / steps) for (k, label), v in ranked]}
+    return {
+        "idle_ms_per_step": sum(g1 - g0 for g0, g1, _ in gaps) / per,
+        "host_ms_per_step": kinds["host"],
+        "device_ms_per_step": kinds["device"],
+        "busy_ms_per_step": busy / per,
+        "gaps_per_step": len(gaps) / steps,
+        "top": [(k, label, sum(v) / per, len(v) / steps) for (k, label), v in ranked],
+    }
 
 
-def summarize(name: str, spec: Optional[Spec], variant: str, ms: List[float], world: int, batch: int,
-              extra: Dict[str, Any]) -> Dict[str, Any]:
+def summarize(
+    name: str, spec: Optional[Spec], variant: str, ms: List[float], world: int, batch: int, extra: Dict[str, Any]
+) -> Dict[str, Any]:
     med = statistics.median(ms)
-    return {"config": name, "variant": variant, "world": world, "batch_per_rank": batch,
-            "ms_median": med, "ms_min": min(ms), "ms_max": max(ms),
-            "spread_pct": 100.0 * (max(ms) - min(ms)) / med if med else float("nan"),
-            "samples_per_s": batch * world * 1000.0 / med if (med and batch) else None, "ms_repeats": ms,
-            "spec": asdict(spec) if spec else None, **extra}
+    return {
+        "config": name,
+        "variant": variant,
+        "world": world,
+        "batch_per_rank": batch,
+        "ms_median": med,
+        "ms_min": min(ms),
+        "ms_max": max(ms),
+        "spread_pct": 100.0 * (max(ms) - min(ms)) / med if med else float("nan"),
+        "samples_per_s": batch * world * 1000.0 / med if (med and batch) else None,
+        "ms_repeats": ms,
+        "spec": asdict(spec) if spec else None,
+        **extra,
+    }
 
 
 def abba(units: List[Any], r: int) -> List[Any]:
@@ -472,8 +568,9 @@ def abba(units: List[Any], r: int) -> List[Any]:
     return list(units) if r % 2 == 0 else list(reversed(units))
 
 
-def run_specs(specs: List[Spec], args: argparse.Namespace, device: torch.device, world: int,
-              keep_alive: bool) -> List[Dict[str, Any]]:
+def run_specs(
+    specs: List[Spec], args: argparse.Namespace, device: torch.device, world: int, keep_alive: bool
+) -> List[Dict[str, Any]]:
     """Alternate every (spec, variant) repeat by repeat (ABBA) with all models alive, or, when they cannot all
     fit (``keep_alive`` false), time each model's repeats in a block and free it before the next."""
     times: Dict[tuple, List[float]] = {}
@@ -493,7 +590,7 @@ def run_specs(specs: List[Spec], args: argparse.Namespace, device: torch.device,
         for s in specs:
             run = Runner(s, args, device, world)
             for r in range(args.repeats):
-                for v in (s.variants if r % 2 == 0 else list(reversed(s.variants))):
+                for v in s.variants if r % 2 == 0 else list(reversed(s.variants)):
                     run.set_variant(v)
                     times.setdefault((s.name, v), []).append(run.repeat(args.steps, args.warmup))
                     meta[(s.name, v)] = {"plan": run.plan_kernels, "last_loss": run.last_loss, "order": "blocked"}
@@ -504,8 +601,11 @@ def run_specs(specs: List[Spec], args: argparse.Namespace, device: torch.device,
 
 
 def input_group_specs(args: argparse.Namespace) -> List[Spec]:
-    specs = [Spec(f"{st}/b{b}", b, sharding=st, variants=["shared", "dedicated"])
-             for st in args.sharding_types for b in args.batch_sizes]
+    specs = [
+        Spec(f"{st}/b{b}", b, sharding=st, variants=["shared", "dedicated"])
+        for st in args.sharding_types
+        for b in args.batch_sizes
+    ]
     if not args.no_stock:
         specs += [Spec(f"stock/b{b}", b, stock=True) for b in args.batch_sizes]
     return specs
@@ -517,8 +617,10 @@ def offload_specs(args: argparse.Namespace, device: torch.device) -> List[Spec]:
     for opt in args.sparse_opts:
         specs.append(Spec(f"hbm/{opt}/b{b}", b, sparse_opt=opt))
         if device.type == "cuda":  # fused_uvm_caching needs CUDA
-            specs += [Spec(f"uvm_caching{lf}/{opt}/b{b}", b, offload="uvm_caching", load_factor=lf, sparse_opt=opt)
-                      for lf in args.load_factors]
+            specs += [
+                Spec(f"uvm_caching{lf}/{opt}/b{b}", b, offload="uvm_caching", load_factor=lf, sparse_opt=opt)
+                for lf in args.load_factors
+            ]
     if not args.no_stock:
         specs.append(Spec(f"stock/b{b}", b, stock=True))
     return specs
@@ -543,7 +645,7 @@ def a2a_bench(args: argparse.Namespace, device: torch.device, world: int) -> Lis
         variants.append("h2d+d2h_traffic")
     times: Dict[str, List[float]] = {v: [] for v in variants}
     for r in range(args.repeats):
-        for v in (variants if r % 2 == 0 else list(reversed(variants))):
+        for v in variants if r % 2 == 0 else list(reversed(variants)):
             for i in range(args.warmup + args.steps):
                 if i == args.warmup:
                     sync(device)
@@ -561,36 +663,55 @@ def a2a_bench(args: argparse.Namespace, device: torch.device, world: int) -> Lis
             dist.all_reduce(ms, op=dist.ReduceOp.MAX)
             times[v].append(float(ms.item()))
     mb = n * 4 / 2**20
-    return [summarize(f"a2a/{mb:.1f}MiB", None, v, times[v], world, 0,
-                      {"a2a_mib_per_rank": mb, "traffic_mib_each_way": args.traffic_mb if v != "idle" else 0})
-            for v in variants]
+    return [
+        summarize(
+            f"a2a/{mb:.1f}MiB",
+            None,
+            v,
+            times[v],
+            world,
+            0,
+            {"a2a_mib_per_rank": mb, "traffic_mib_each_way": args.traffic_mb if v != "idle" else 0},
+        )
+        for v in variants
+    ]
 
 
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
-    lines = [f"# pipeline_ab: {meta['date']} on {meta['device']} x{meta['world']} "
-             f"(torch {meta['torch']}, torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} "
-             f"steps, warm-up {meta['warmup']})", "",
-             "| config | variant | batch/rank | ms/step median | min | max | spread % | samples/s | plan | order |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# pipeline_ab: {meta['date']} on {meta['device']} x{meta['world']} "
+        f"(torch {meta['torch']}, torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} "
+        f"steps, warm-up {meta['warmup']})",
+        "",
+        "| config | variant | batch/rank | ms/step median | min | max | spread % | samples/s | plan | order |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         plan = "; ".join(f"{a}/{b}" for a, b in r.get("plan", []))
         sps = f"{r['samples_per_s'] / 1e6:.3f} M" if r.get("samples_per_s") else ""
-        lines.append(f"| {r['config']} | {r['variant']} | {r['batch_per_rank'] or ''} | {r['ms_median']:.3f} | "
-                     f"{r['ms_min']:.3f} | {r['ms_max']:.3f} | {r['spread_pct']:.1f} | {sps} | {plan} | "
-                     f"{r.get('order', 'alternating')} |")
+        lines.append(
+            f"| {r['config']} | {r['variant']} | {r['batch_per_rank'] or ''} | {r['ms_median']:.3f} | "
+            f"{r['ms_min']:.3f} | {r['ms_max']:.3f} | {r['spread_pct']:.1f} | {sps} | {plan} | "
+            f"{r.get('order', 'alternating')} |"
+        )
     for r in rows:
         if "gpu_ms_per_step" in r:
-            lines += ["", f"CUDA kernel ms per step, {r['config']} (10 profiled steps; streams overlap; NCCL time "
-                      "includes waiting for the slower rank): " + ", ".join(
-                          f"{k} {v:.2f}" for k, v in r["gpu_ms_per_step"].items())]
+            lines += [
+                "",
+                f"CUDA kernel ms per step, {r['config']} (10 profiled steps; streams overlap; NCCL time "
+                "includes waiting for the slower rank): "
+                + ", ".join(f"{k} {v:.2f}" for k, v in r["gpu_ms_per_step"].items()),
+            ]
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", nargs="+", choices=["input_group", "offload", "a2a"],
-                   default=["input_group", "offload", "a2a"])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--suite", nargs="+", choices=["input_group", "offload", "a2a"], default=["input_group", "offload", "a2a"]
+    )
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (>= 5 for reports)")
     p.add_argument("--steps", type=int, default=200, help="timed steps per repeat (>= 200 for reports)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps before each repeat")
@@ -599,16 +720,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--sharding-types", nargs="+", default=["table_wise", "row_wise"])
     p.add_argument("--offload-batch", type=int, default=32768, help="per-rank batch of the offload suite")
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.05, 0.2])
-    p.add_argument("--sparse-opts", nargs="+", choices=["rowwise_adagrad", "adagrad"],
-                   default=["rowwise_adagrad", "adagrad"])
+    p.add_argument(
+        "--sparse-opts", nargs="+", choices=["rowwise_adagrad", "adagrad"], default=["rowwise_adagrad", "adagrad"]
+    )
     p.add_argument("--offload-min-rows", type=int, default=0, help="offload tables with >= this many rows")
     p.add_argument("--full-cardinality", action="store_true", help="MLPerf table sizes (204 M rows, 104.5 GB)")
     p.add_argument("--row-cap", type=int, default=STOCK_ROW_CAP, help="rows per table without --full-cardinality")
     p.add_argument("--a2a-batch", type=int, default=32768, help="per-rank batch whose pooled output is sent")
     p.add_argument("--traffic-mb", type=int, default=256, help="MiB copied each way per all-to-all")
-    p.add_argument("--profile-kernels", action="store_true",
-                   help="blocked suites: after timing, profile 10 steps per configuration and report CUDA kernel "
-                        "time per step by category (all-to-all inside the training step, with and without offload)")
+    p.add_argument(
+        "--profile-kernels",
+        action="store_true",
+        help="blocked suites: after timing, profile 10 steps per configuration and report CUDA kernel "
+        "time per step by category (all-to-all inside the training step, with and without offload)",
+    )
     p.add_argument("--host-batches", action="store_true", help="batches in pinned host memory (H2D per step)")
     p.add_argument("--no-stock", action="store_true", help="skip the stock-TorchRec baseline")
     p.add_argument("--lr", type=float, default=0.004)
@@ -616,8 +741,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output directory (default bench/results/<timestamp>)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.steps, args.warmup, args.repeats, args.pool = min(args.steps, 3), min(args.warmup, 1), \
-            min(args.repeats, 2), 4
+        args.steps, args.warmup, args.repeats, args.pool = (
+            min(args.steps, 3),
+            min(args.warmup, 1),
+            min(args.repeats, 2),
+            4,
+        )
         args.batch_sizes, args.offload_batch, args.a2a_batch = [32], 32, 32
     return args
 
@@ -628,8 +757,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         from dlrm.dist import init_distributed
 
         init_distributed("cpu" if args.smoke else "auto")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if (
-        torch.cuda.is_available() and not args.smoke) else torch.device("cpu")
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if (torch.cuda.is_available() and not args.smoke)
+        else torch.device("cpu")
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -639,10 +771,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
     import torchrec
 
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "world": world,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "torchrec": getattr(torchrec, "__version__", "?"),
-            "backend": dist.get_backend(), "argv": sys.argv, **{k: v for k, v in vars(args).items()}}
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "world": world,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "torchrec": getattr(torchrec, "__version__", "?"),
+        "backend": dist.get_backend(),
+        "argv": sys.argv,
+        **{k: v for k, v in vars(args).items()},
+    }
     rows: List[Dict[str, Any]] = []
     if "input_group" in args.suite:
         input_dist_group()  # created once at start-up, on every rank

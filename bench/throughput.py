@@ -94,8 +94,13 @@ from dlrm.trainer import _Window, build_training  # noqa: E402
 
 # The MLPerf DLRM-v2 model at the stock baseline's size (../shared/perf/baseline.md: tables capped at 4 M rows,
 # row-wise Adagrad); lr is the MLPerf value for global batch 65,536 (it only sets the magnitude of the updates).
-BASE = ["model=dlrm_v2", "model.row_cap=4000000", "optimizer.sparse_type=rowwise_adagrad", "optimizer.lr=0.004",
-        "data.multi_hot=true"]
+BASE = [
+    "model=dlrm_v2",
+    "model.row_cap=4000000",
+    "optimizer.sparse_type=rowwise_adagrad",
+    "optimizer.lr=0.004",
+    "data.multi_hot=true",
+]
 SMOKE_BASE = ["model=dlrm_v2_small", "model.row_cap=1000", "optimizer.lr=0.004"]
 
 # perf=fast before the ninth session (no lean output dist, all-reduce not held): the base of the older variants
@@ -104,8 +109,11 @@ NO_HOLD = ["perf.allreduce_after_output_dist=false"]  # the held all-reduce is t
 # perf=fast as the sixth session left it (fp32 DCN stream, the compiled step split at DDP's 25 MiB buckets), and the
 # seventh session's first step from it (bf16 DCN stream, one unsplit graph; perf=fast then added 100 MiB buckets)
 SESSION6 = EIGHTH + ["perf.dcn_residual_dtype=fp32", "perf.compile_ddp_split=true", "perf.ddp_bucket_cap_mb=25"]
-DCN_ONE_GRAPH = EIGHTH + ["perf.dcn_residual_dtype=autocast", "perf.compile_ddp_split=false",
-                          "perf.ddp_bucket_cap_mb=25"]
+DCN_ONE_GRAPH = EIGHTH + [
+    "perf.dcn_residual_dtype=autocast",
+    "perf.compile_ddp_split=false",
+    "perf.ddp_bucket_cap_mb=25",
+]
 
 LEVERS: Dict[str, List[str]] = {
     "fp32": ["perf=fp32"],  # the trainer at reference numerics (TF32 matmuls, as stock)
@@ -136,8 +144,8 @@ LEVERS: Dict[str, List[str]] = {
     "fast_ar_group_ctas2": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=2"] + NO_HOLD,
     "fast_ar_group_ctas4": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"] + NO_HOLD,
     "fast_ar_group_ctas8": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=8"] + NO_HOLD,
-    "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated",
-                                "perf.allreduce_group=dedicated"] + NO_HOLD,
+    "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated", "perf.allreduce_group=dedicated"]
+    + NO_HOLD,
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
     "fast_semi_sync_ar_group": ["perf=fast", "pipeline=semi_sync", "perf.allreduce_group=dedicated"] + NO_HOLD,
     # A/Bs of the sixth and seventh sessions, pinned to the perf=fast they ran against (SESSION6; docs/benchmarks.md)
@@ -153,8 +161,7 @@ LEVERS: Dict[str, List[str]] = {
     "fast_dcn_bf16_cudagraphs": DCN_ONE_GRAPH,  # patched: compile mode reduce-overhead
     "fast_dcn_bf16_dedicated": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated"],
     "fast_dcn_bf16_bucket100": DCN_ONE_GRAPH + ["perf.ddp_bucket_cap_mb=100"],  # = today's perf=fast
-    "fast_dcn_bf16_dedicated_semi_sync": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated",
-                                                          "pipeline=semi_sync"],
+    "fast_dcn_bf16_dedicated_semi_sync": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated", "pipeline=semi_sync"],
     # today's perf=fast with one of its levers undone, or a key on top
     "fast_split": ["perf=fast", "perf.compile_ddp_split=true"],
     "fast_dcn_fp32": ["perf=fast", "perf.dcn_residual_dtype=fp32"],
@@ -166,11 +173,17 @@ LEVERS: Dict[str, List[str]] = {
     # the 214 ids per sample) data_parallel; t_cat_20 (100 ids per sample) also split in two column halves, or
     # in two row halves, so that its lookups are shared by the ranks
     "fast_hybrid": ["perf=fast", "sharding.data_parallel_max_rows=100000"],
-    "fast_hybrid_cw20": ["perf=fast", "sharding.data_parallel_max_rows=100000",
-                         "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
-                         "+sharding.constraints.t_cat_20.min_partition=64"],
-    "fast_hybrid_rw20": ["perf=fast", "sharding.data_parallel_max_rows=100000",
-                         "+sharding.constraints.t_cat_20.sharding_types=[row_wise]"],
+    "fast_hybrid_cw20": [
+        "perf=fast",
+        "sharding.data_parallel_max_rows=100000",
+        "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
+        "+sharding.constraints.t_cat_20.min_partition=64",
+    ],
+    "fast_hybrid_rw20": [
+        "perf=fast",
+        "sharding.data_parallel_max_rows=100000",
+        "+sharding.constraints.t_cat_20.sharding_types=[row_wise]",
+    ],
     # the lean output dist without the held all-reduce (perf=fast holds it since the ninth session)
     "fast_lean_output_dist": ["perf=fast"] + NO_HOLD,
     "fast_lean_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"] + NO_HOLD,
@@ -184,8 +197,11 @@ LEVERS: Dict[str, List[str]] = {
     # longer): t_cat_11 (a: and t_cat_10, b) and t_cat_15 moved to rank 0, t_cat_5 and t_cat_12 to rank 1
     "fast_plan_a": ["perf=fast", "sharding.plan_path=bench/plans/tw2_a.json"],
     "fast_plan_b": ["perf=fast", "sharding.plan_path=bench/plans/tw2_b.json"],
-    "fast_cw20": ["perf=fast", "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
-                  "+sharding.constraints.t_cat_20.min_partition=64"],
+    "fast_cw20": [
+        "perf=fast",
+        "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
+        "+sharding.constraints.t_cat_20.min_partition=64",
+    ],
 }
 
 
@@ -206,16 +222,18 @@ def _torchrec_sparse_arch(built: Any) -> None:
     arch.forward = types.MethodType(torchrec_forward, arch)
 
 
-def _compile_with_cuda_graphs(train_model: torch.nn.Module, mode: str = "default",
-                              coordinate_descent_tuning: bool = False, ddp_split: bool = True) -> List[str]:
+def _compile_with_cuda_graphs(
+    train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False, ddp_split: bool = True
+) -> List[str]:
     """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it: not faster on
     H200, and the trainer's validation, which failed with it before the step's outputs were copied out of the
     graphs, has not been re-run; the training step alone, which is what is timed here, runs."""
     return compile_dense(train_model, "reduce-overhead", coordinate_descent_tuning, ddp_split)
 
 
-def _compile_modules_apart(train_model: torch.nn.Module, mode: str = "default",
-                           coordinate_descent_tuning: bool = False, ddp_split: bool = True) -> List[str]:
+def _compile_modules_apart(
+    train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False, ddp_split: bool = True
+) -> List[str]:
     """What ``perf.compile`` did before session 4: the dense arch, the interaction and the over arch compiled as
     three modules (``nn.Module.compile``), the loss eager; ``compile_dense`` now compiles them and the loss as one
     graph. Kept to A/B the two."""
@@ -245,8 +263,11 @@ def _compile_dense_optimizer(built: Any) -> None:
 
     done = 0
     for o in leaves(built.optimizer):
-        if isinstance(o, KeyedOptimizerWrapper) and isinstance(o._optimizer, torch.optim.Adagrad) and \
-                not any("embedding_bags" in n for n in o.params):  # the MLPs' (data_parallel tables: not here)
+        if (
+            isinstance(o, KeyedOptimizerWrapper)
+            and isinstance(o._optimizer, torch.optim.Adagrad)
+            and not any("embedding_bags" in n for n in o.params)
+        ):  # the MLPs' (data_parallel tables: not here)
             inner = o._optimizer
             orig = inner.step
             compiled = torch.compile(lambda orig=orig: orig())
@@ -274,22 +295,38 @@ PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
     "fast_lean_regroup": ({"dlrm.trainer:use_lean_output_dist": _lean_without_rank_blocks}, None),
     "fast_hybrid_compiled_optimizer": ({}, _compile_dense_optimizer),
 }
-DEFAULT_VARIANTS = ["stock", "fp32", "no_tf32", "emb_half", "autocast", "compile", "autocast_compile", "fast",
-                    "fast_adagrad"]
+DEFAULT_VARIANTS = [
+    "stock",
+    "fp32",
+    "no_tf32",
+    "emb_half",
+    "autocast",
+    "compile",
+    "autocast_compile",
+    "fast",
+    "fast_adagrad",
+]
 
 
 class TrainerRunner(ab.Runner):
     """The trainer's stack (``build_training``) over the same batch pool, timed like ``Trainer.fit`` steps."""
 
-    def __init__(self, name: str, overrides: List[str], batch: int, args: argparse.Namespace, info: DistInfo,
-                 world: int) -> None:
+    def __init__(
+        self, name: str, overrides: List[str], batch: int, args: argparse.Namespace, info: DistInfo, world: int
+    ) -> None:
         self.args, self.device, self.spec = args, info.device, None
         if info.device.type == "cpu":  # FBGEMM's CPU TBE has no bf16: the smoke test runs fp16 instead
             overrides = [o.replace("bf16", "fp16") for o in overrides]
             overrides += ["perf.embedding_output_dtype=fp16", "perf.autocast=fp16"] if "perf=fast" in overrides else []
         self.overrides = overrides
-        cfg = to_config(compose((SMOKE_BASE if args.smoke else BASE) + [f"sharding={args.sharding}"] + overrides
-                                + [f"data.batch_size={batch}"]))
+        cfg = to_config(
+            compose(
+                (SMOKE_BASE if args.smoke else BASE)
+                + [f"sharding={args.sharding}"]
+                + overrides
+                + [f"data.batch_size={batch}"]
+            )
+        )
         self.cfg = cfg
         torch.manual_seed(0)
         module_patch, built_patch = PATCHES.get(name, ({}, None))
@@ -310,16 +347,29 @@ class TrainerRunner(ab.Runner):
             "sparse_arch_forward": built.model.module.model.sparse_arch.forward.__qualname__,
             # FBGEMM BoundsCheckMode values of the TBEs (1 WARNING, FBGEMM's default; 3 NONE); the sharded
             # collection keeps its lookups in a plain list, out of reach of modules()
-            "tbe_bounds_check_modes": sorted({m.bounds_check_mode_int for lookup in getattr(
-                built.model.module.model.sparse_arch.embedding_bag_collection, "_lookups", [])
-                for m in lookup.modules() if hasattr(m, "bounds_check_mode_int")}),
+            "tbe_bounds_check_modes": sorted(
+                {
+                    m.bounds_check_mode_int
+                    for lookup in getattr(built.model.module.model.sparse_arch.embedding_bag_collection, "_lookups", [])
+                    for m in lookup.modules()
+                    if hasattr(m, "bounds_check_mode_int")
+                }
+            ),
             "compiled": list(built.model.module.compiled_parts),
         }
-        self.plan_kernels = sorted({(ps.sharding_type, ps.compute_kernel)
-                                    for mp in built.plan.plan.values() for ps in mp.values()})  # type: ignore
+        self.plan_kernels = sorted(
+            {(ps.sharding_type, ps.compute_kernel) for mp in built.plan.plan.values() for ps in mp.values()}
+        )  # type: ignore
         self.mc = cfg.model
-        self.pool = ab.make_batches(cfg.model, batch, args.pool, info.device, False, seed=1000 + dist.get_rank(),
-                                    ids_dtype=ab.IDS_DTYPES[args.ids_dtype])
+        self.pool = ab.make_batches(
+            cfg.model,
+            batch,
+            args.pool,
+            info.device,
+            False,
+            seed=1000 + dist.get_rank(),
+            ids_dtype=ab.IDS_DTYPES[args.ids_dtype],
+        )
         self.win = _Window(info.device)
         self.n = 0
 
@@ -358,26 +408,36 @@ def _cycles_per_ms(device: torch.device) -> float:
     return _CYCLES[str(device)]
 
 
-def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int
-                ) -> List[Dict[str, Any]]:
+def run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> List[Dict[str, Any]]:
     try:
         return _run_variant(name, batch, args, info, world)
     except Exception as e:  # noqa: BLE001 - one failing lever (e.g. a compile mode) must not lose the others
         if info.is_main:
-            print(f"{name:>16} b{batch}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                  flush=True)
+            print(
+                f"{name:>16} b{batch}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                flush=True,
+            )
         gc.collect()
         if info.device.type == "cuda":
             torch.cuda.empty_cache()
-        return [{"config": name, "batch_per_rank": batch, "error": f"{type(e).__name__}: {e}"[:2000],
-                 "overrides": LEVERS.get(name, [])}]
+        return [
+            {
+                "config": name,
+                "batch_per_rank": batch,
+                "error": f"{type(e).__name__}: {e}"[:2000],
+                "overrides": LEVERS.get(name, []),
+            }
+        ]
 
 
 def _build(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Tuple[Any, List[str], float]:
     t0 = time.perf_counter()
     if name == "stock":
-        return ab.Runner(ab.Spec(f"stock/b{batch}", batch, stock=True), args, info.device, world), [], \
-            time.perf_counter() - t0
+        return (
+            ab.Runner(ab.Spec(f"stock/b{batch}", batch, stock=True), args, info.device, world),
+            [],
+            time.perf_counter() - t0,
+        )
     return TrainerRunner(name, LEVERS[name], batch, args, info, world), LEVERS[name], time.perf_counter() - t0
 
 
@@ -405,18 +465,22 @@ def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistI
     trace = os.path.join(args.out, f"trace_{name}_b{batch}_rank{dist.get_rank()}.json") if args.trace else None
     gaps: Dict[str, Any] = {}
     host: Dict[str, Any] = {}
-    out = {"breakdown_ms_per_step": ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs, gaps=gaps,
-                                                            host=host),
-           "host_time": host,
-           "top_kernels_ms_per_step": top,
-           "host_syncs": syncs,  # (call <- python stack, calls per step, host ms per step)
-           "idle_gaps": gaps}
+    out = {
+        "breakdown_ms_per_step": ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs, gaps=gaps, host=host),
+        "host_time": host,
+        "top_kernels_ms_per_step": top,
+        "host_syncs": syncs,  # (call <- python stack, calls per step, host ms per step)
+        "idle_gaps": gaps,
+    }
     _free(run, info)
     if info.is_main:
-        print(f"{name:>16} b{batch} profile: {out['breakdown_ms_per_step']['total GPU kernel time']:.3f} ms/step of "
-              f"kernels; idle {gaps['idle_ms_per_step']:.3f} ms/step ({gaps['gaps_per_step']:.0f} gaps): host "
-              f"{gaps['host_ms_per_step']:.3f}, device {gaps['device_ms_per_step']:.3f}; busy "
-              f"{gaps['busy_ms_per_step']:.3f}", flush=True)
+        print(
+            f"{name:>16} b{batch} profile: {out['breakdown_ms_per_step']['total GPU kernel time']:.3f} ms/step of "
+            f"kernels; idle {gaps['idle_ms_per_step']:.3f} ms/step ({gaps['gaps_per_step']:.0f} gaps): host "
+            f"{gaps['host_ms_per_step']:.3f}, device {gaps['device_ms_per_step']:.3f}; busy "
+            f"{gaps['busy_ms_per_step']:.3f}",
+            flush=True,
+        )
         for kind, label, t, n in gaps["top"][:10]:
             print(f"  idle {kind} {t:.3f} ms/step x{n:.1f}: {label[:300]}", flush=True)
         for call, n, t in syncs[:8]:
@@ -428,25 +492,42 @@ def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistI
     return out
 
 
-def _finish(name: str, run: Any, overrides: List[str], built_s: float, ms: List[float], batch: int,
-            args: argparse.Namespace, info: DistInfo, world: int, order: str) -> Dict[str, Any]:
-    extra: Dict[str, Any] = {"overrides": overrides, "plan": run.plan_kernels, "last_loss": run.last_loss,
-                             "host_ms_per_step": round(run.host_ms, 3),
-                             **getattr(run, "applied", {}),
-                             "build_s": round(built_s, 1), "order": order}
+def _finish(
+    name: str,
+    run: Any,
+    overrides: List[str],
+    built_s: float,
+    ms: List[float],
+    batch: int,
+    args: argparse.Namespace,
+    info: DistInfo,
+    world: int,
+    order: str,
+) -> Dict[str, Any]:
+    extra: Dict[str, Any] = {
+        "overrides": overrides,
+        "plan": run.plan_kernels,
+        "last_loss": run.last_loss,
+        "host_ms_per_step": round(run.host_ms, 3),
+        **getattr(run, "applied", {}),
+        "build_s": round(built_s, 1),
+        "order": order,
+    }
     if info.device.type == "cuda":
         extra["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(info.device) / 1e9, 2)
     row = ab.summarize(name, None, "-", ms, world, batch, extra)
     _free(run, info)
     if info.is_main:
-        print(f"{name:>16} b{batch}: {row['ms_median']:.3f} ms/step ({row['ms_min']:.3f}-{row['ms_max']:.3f}), "
-              f"{row['samples_per_s'] / 1e6:.3f} M samples/s, host {run.host_ms:.2f} ms/step, "
-              f"loss {run.last_loss:.4f}, built in {built_s:.0f}s", flush=True)
+        print(
+            f"{name:>16} b{batch}: {row['ms_median']:.3f} ms/step ({row['ms_min']:.3f}-{row['ms_max']:.3f}), "
+            f"{row['samples_per_s'] / 1e6:.3f} M samples/s, host {run.host_ms:.2f} ms/step, "
+            f"loss {run.last_loss:.4f}, built in {built_s:.0f}s",
+            flush=True,
+        )
     return row
 
 
-def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int
-                 ) -> List[Dict[str, Any]]:
+def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> List[Dict[str, Any]]:
     run, overrides, built_s = _build(name, batch, args, info, world)
     ms = [run.repeat(args.steps, args.warmup if r else args.warmup + args.first_warmup) for r in range(args.repeats)]
     rows = []
@@ -457,18 +538,31 @@ def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo
             run.probe = None if probe is None else (probe[0], float(probe[1]))
             pms = [run.repeat(args.steps, args.warmup) for _ in range(args.repeats)]
             label = f"{name}+{probe[0]}{probe[1]}ms" if probe else f"{name} (again)"
-            rows.append(ab.summarize(label, None, "-", pms, world, batch, {"overrides": overrides, "probe": probe,
-                                                                           "host_ms_per_step": round(run.host_ms, 3)}))
+            rows.append(
+                ab.summarize(
+                    label,
+                    None,
+                    "-",
+                    pms,
+                    world,
+                    batch,
+                    {"overrides": overrides, "probe": probe, "host_ms_per_step": round(run.host_ms, 3)},
+                )
+            )
             if info.is_main:
                 r = rows[-1]
-                print(f"{label:>16} b{batch}: {r['ms_median']:.3f} ms/step ({r['ms_min']:.3f}-{r['ms_max']:.3f}), "
-                      f"host {run.host_ms:.2f} ms/step", flush=True)
+                print(
+                    f"{label:>16} b{batch}: {r['ms_median']:.3f} ms/step ({r['ms_min']:.3f}-{r['ms_max']:.3f}), "
+                    f"host {run.host_ms:.2f} ms/step",
+                    flush=True,
+                )
         run.probe, run.host_ms = None, host_ms
     return [_finish(name, run, overrides, built_s, ms, batch, args, info, world, "blocked")] + rows
 
 
-def run_alternating(names: List[str], batch: int, args: argparse.Namespace, info: DistInfo, world: int
-                    ) -> List[Dict[str, Any]]:
+def run_alternating(
+    names: List[str], batch: int, args: argparse.Namespace, info: DistInfo, world: int
+) -> List[Dict[str, Any]]:
     """``--alternate``: build every variant first (all alive at once: two capped models fit one H200 at 32768),
     then time their repeats interleaved, A B B A ..., so that drift of the host or the GPU hits all alike."""
     built = {n: _build(n, batch, args, info, world) for n in names}
@@ -478,12 +572,14 @@ def run_alternating(names: List[str], batch: int, args: argparse.Namespace, info
     for r in range(args.repeats):
         for n in ab.abba(names, r):
             ms[n].append(built[n][0].repeat(args.steps, args.warmup))
-    return [_finish(n, built[n][0], built[n][1], built[n][2], ms[n], batch, args, info, world, "alternating")
-            for n in names]
+    return [
+        _finish(n, built[n][0], built[n][1], built[n][2], ms[n], batch, args, info, world, "alternating") for n in names
+    ]
 
 
-def _attach_profile(rows: List[Dict[str, Any]], name: str, batch: int, args: argparse.Namespace, info: DistInfo,
-                    world: int) -> List[Dict[str, Any]]:
+def _attach_profile(
+    rows: List[Dict[str, Any]], name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int
+) -> List[Dict[str, Any]]:
     """Profile ``name`` (:func:`profile_variant`) into its first timed row of this batch size; adds no row."""
     try:
         prof = profile_variant(name, batch, args, info, world)
@@ -497,11 +593,14 @@ def _attach_profile(rows: List[Dict[str, Any]], name: str, batch: int, args: arg
 
 
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
-    lines = [f"# throughput: {meta['date']} on {meta['device']} x{meta['world']} (torch {meta['torch']}, "
-             f"torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} steps, warm-up "
-             f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')})", "",
-             "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock (mean of its 2 runs) | peak GB | plan |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# throughput: {meta['date']} on {meta['device']} x{meta['world']} (torch {meta['torch']}, "
+        f"torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} steps, warm-up "
+        f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')})",
+        "",
+        "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock (mean of its 2 runs) | peak GB | plan |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     stock: Dict[int, float] = {}
     for b in {r["batch_per_rank"] for r in rows}:
         ms = [r["ms_median"] for r in rows if r["config"] == "stock" and r["batch_per_rank"] == b and "error" not in r]
@@ -509,62 +608,100 @@ def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
             stock[b] = statistics.mean(ms)  # first and last stock run of this batch size
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | {' '.join(r['overrides'])} | {r['batch_per_rank']} | failed: "
-                         f"{r['error'].splitlines()[0][:120]} | | | | | | |")
+            lines.append(
+                f"| {r['config']} | {' '.join(r['overrides'])} | {r['batch_per_rank']} | failed: "
+                f"{r['error'].splitlines()[0][:120]} | | | | | | |"
+            )
             continue
         ratio = f"{stock[r['batch_per_rank']] / r['ms_median']:.2f}x" if r["batch_per_rank"] in stock else ""
         plan = "; ".join(f"{a}/{b}" for a, b in r.get("plan", []))
-        lines.append(f"| {r['config']} | {' '.join(r['overrides'])} | {r['batch_per_rank']} | {r['ms_median']:.3f} | "
-                     f"{r['ms_min']:.3f} | {r['ms_max']:.3f} | {r['samples_per_s'] / 1e6:.3f} M | {ratio} | "
-                     f"{r.get('peak_mem_gb', '')} | {plan} |")
+        lines.append(
+            f"| {r['config']} | {' '.join(r['overrides'])} | {r['batch_per_rank']} | {r['ms_median']:.3f} | "
+            f"{r['ms_min']:.3f} | {r['ms_max']:.3f} | {r['samples_per_s'] / 1e6:.3f} M | {ratio} | "
+            f"{r.get('peak_mem_gb', '')} | {plan} |"
+        )
     for r in rows:
         if "breakdown_ms_per_step" in r:
-            lines += ["", f"Where the GPU time goes: {r['config']}, batch {r['batch_per_rank']} per GPU "
-                      f"(kernel ms per step; streams overlap, so the total can exceed the step time)", "",
-                      "| category | ms/step |", "| --- | --- |"]
+            lines += [
+                "",
+                f"Where the GPU time goes: {r['config']}, batch {r['batch_per_rank']} per GPU "
+                f"(kernel ms per step; streams overlap, so the total can exceed the step time)",
+                "",
+                "| category | ms/step |",
+                "| --- | --- |",
+            ]
             lines += [f"| {k} | {v:.3f} |" for k, v in r["breakdown_ms_per_step"].items()]
             lines += ["", "| largest kernels | ms/step |", "| --- | --- |"]
             lines += [f"| `{k}` | {v:.3f} |" for k, v in r.get("top_kernels_ms_per_step", [])]
             g = r.get("idle_gaps") or {}
             if g:
-                lines += ["", f"GPU idle: {g['idle_ms_per_step']:.3f} ms/step in {g['gaps_per_step']:.0f} gaps (host "
-                          f"{g['host_ms_per_step']:.3f}, device {g['device_ms_per_step']:.3f}; busy "
-                          f"{g['busy_ms_per_step']:.3f})", "", "| idle | cause | ms/step | gaps/step |",
-                          "| --- | --- | --- | --- |"]
+                lines += [
+                    "",
+                    f"GPU idle: {g['idle_ms_per_step']:.3f} ms/step in {g['gaps_per_step']:.0f} gaps (host "
+                    f"{g['host_ms_per_step']:.3f}, device {g['device_ms_per_step']:.3f}; busy "
+                    f"{g['busy_ms_per_step']:.3f})",
+                    "",
+                    "| idle | cause | ms/step | gaps/step |",
+                    "| --- | --- | --- | --- |",
+                ]
                 lines += [f"| {kind} | `{label[:200]}` | {t:.3f} | {n:.1f} |" for kind, label, t, n in g["top"]]
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=["stock"] + list(LEVERS))
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8192, 32768], help="per GPU")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--warmup", type=int, default=15, help="untimed steps before each repeat")
-    p.add_argument("--first-warmup", type=int, default=25, help="extra untimed steps before the first repeat "
-                   "(torch.compile and autotuning)")
+    p.add_argument(
+        "--first-warmup",
+        type=int,
+        default=25,
+        help="extra untimed steps before the first repeat (torch.compile and autotuning)",
+    )
     p.add_argument("--pool", type=int, default=8, help="distinct random batches, cycled")
-    p.add_argument("--ids-dtype", choices=sorted(ab.IDS_DTYPES), default="int64",
-                   help="dtype of the KJT ids of every variant, stock included (int32: as data=criteo_binary loads "
-                        "them)")
+    p.add_argument(
+        "--ids-dtype",
+        choices=sorted(ab.IDS_DTYPES),
+        default="int64",
+        help="dtype of the KJT ids of every variant, stock included (int32: as data=criteo_binary loads them)",
+    )
     p.add_argument("--log-every", type=int, default=20, help="the trainer's logger.log_every_n_steps")
-    p.add_argument("--sharding", default="auto",
-                   help="the trainer variants' sharding preset. auto: TorchRec's planner picks (the second "
-                        "session's runs; on 1 GPU it then chose table_wise, table_column_wise or column_wise in "
-                        "different runs); table_wise (every run since the third session in docs/benchmarks.md) "
-                        "matches what the planner gives stock and removes that variance")
+    p.add_argument(
+        "--sharding",
+        default="auto",
+        help="the trainer variants' sharding preset. auto: TorchRec's planner picks (the second "
+        "session's runs; on 1 GPU it then chose table_wise, table_column_wise or column_wise in "
+        "different runs); table_wise (every run since the third session in docs/benchmarks.md) "
+        "matches what the planner gives stock and removes that variance",
+    )
     p.add_argument("--profile", nargs="*", default=[], help="variants whose GPU time is broken down (e.g. fast)")
-    p.add_argument("--alternate", action="store_true", help="build all --variants first and interleave their "
-                   "repeats (A B B A ...); they must fit in memory together (two capped models do at 32768)")
-    p.add_argument("--trace", action="store_true", help="with --profile: also write a Chrome trace (with Python "
-                   "stacks) per profiled variant and rank into --out")
-    p.add_argument("--probe", nargs="*", default=[], metavar="host:MS|gpu:MS",
-                   help="after each trainer variant's timing, time it again with MS ms added to every step: on the "
-                        "host (a spin after the step is issued) or on the GPU (a spinning kernel on the compute "
-                        "stream after the step's optimizer); ms/step rising by MS means that side bounds the step, "
-                        "rising less means it had that much slack. CUDA only; rows <variant>+hostMSms / +gpuMSms, "
-                        "then <variant> (again)")
+    p.add_argument(
+        "--alternate",
+        action="store_true",
+        help="build all --variants first and interleave their "
+        "repeats (A B B A ...); they must fit in memory together (two capped models do at 32768)",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --profile: also write a Chrome trace (with Python stacks) per profiled variant and rank into --out",
+    )
+    p.add_argument(
+        "--probe",
+        nargs="*",
+        default=[],
+        metavar="host:MS|gpu:MS",
+        help="after each trainer variant's timing, time it again with MS ms added to every step: on the "
+        "host (a spin after the step is issued) or on the GPU (a spinning kernel on the compute "
+        "stream after the step's optimizer); ms/step rising by MS means that side bounds the step, "
+        "rising less means it had that much slack. CUDA only; rows <variant>+hostMSms / +gpuMSms, "
+        "then <variant> (again)",
+    )
     p.add_argument("--lr", type=float, default=0.004, help="stock runner's lr")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (tests); numbers are meaningless")
     p.add_argument("--out", default=None)
@@ -600,18 +737,29 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
         variants.append("stock")  # again at the end: drift check
     out = args.out = args.out or os.path.join("bench", "results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "world": world,
-            "device": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "torchrec": getattr(torchrec, "__version__", "?"), "argv": sys.argv,
-            **vars(args)}
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "world": world,
+        "device": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "torchrec": getattr(torchrec, "__version__", "?"),
+        "argv": sys.argv,
+        **vars(args),
+    }
     rows: List[Dict[str, Any]] = []
     for b in args.batch_sizes:
         # --alternate times all variants as one unit; otherwise each variant is built, timed and freed in turn
-        units = [lambda: run_alternating(list(args.variants), b, args, info, world)] if args.alternate else \
-            [lambda v=v: run_variant(v, b, args, info, world) for v in variants]
+        units = (
+            [lambda: run_alternating(list(args.variants), b, args, info, world)]
+            if args.alternate
+            else [lambda v=v: run_variant(v, b, args, info, world) for v in variants]
+        )
         # profiles run after every variant of this batch size was timed (see profile_variant)
-        units += [lambda v=v: _attach_profile(rows, v, b, args, info, world) for v in dict.fromkeys(args.profile)
-                  if v in variants]
+        units += [
+            lambda v=v: _attach_profile(rows, v, b, args, info, world)
+            for v in dict.fromkeys(args.profile)
+            if v in variants
+        ]
         for unit in units:
             rows += unit()
             if info.is_main:  # after every unit, so a run cut short keeps what it measured

@@ -55,8 +55,9 @@ def main(argv: List[str]) -> int:
         cmd, argv = argv[0], argv[1:]
     else:
         cmd = "convert"
-    ap = argparse.ArgumentParser(prog=f"preprocess_criteo.py {cmd if cmd != 'convert' else ''}".strip(),
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog=f"preprocess_criteo.py {cmd if cmd != 'convert' else ''}".strip(), description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--out", required=True, help="dataset directory")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (days run in parallel)")
     if cmd == "convert":
@@ -65,13 +66,20 @@ def main(argv: List[str]) -> int:
         ap.add_argument("--input", help="kaggle: train.txt (or .gz)")
         ap.add_argument("--days", default="0-23", help="terabyte days, e.g. 0-23 or 0,1,23; the last one evaluates")
         ap.add_argument("--dense-transform", choices=P.TRANSFORMS, default="mlperf")
-        ap.add_argument("--dense-min", type=int, default=None,
-                        help="fix m of the mlperf transform instead of taking the training days' minimum")
+        ap.add_argument(
+            "--dense-min",
+            type=int,
+            default=None,
+            help="fix m of the mlperf transform instead of taking the training days' minimum",
+        )
         ap.add_argument("--table-rows", default="mlperf", help="26 comma-separated table sizes, or mlperf")
         ap.add_argument("--row-cap", type=int, default=None, help="cap every table at this many rows")
         ap.add_argument("--block-mb", type=int, default=8, help="read/parse block size per worker (MiB)")
-        ap.add_argument("--keep-raw-dense", action="store_true",
-                        help="keep day_N_dense_raw.npy (int32 counts) to re-derive the other transform later")
+        ap.add_argument(
+            "--keep-raw-dense",
+            action="store_true",
+            help="keep day_N_dense_raw.npy (int32 counts) to re-derive the other transform later",
+        )
     elif cmd == "multihot":
         ap.add_argument("--mode", choices=("tables", "materialize"), default="tables")
         ap.add_argument("--sizes", default="mlperf", help="26 comma-separated multi-hot sizes, or mlperf")
@@ -86,8 +94,9 @@ def main(argv: List[str]) -> int:
             return 1 if bad else 0
         if cmd == "multihot":
             sizes = _ints(args.sizes, MLPERF_MULTI_HOT_SIZES, "--sizes")
-            P.multihot(out=args.out, sizes=sizes, seed=args.seed, materialize=args.mode == "materialize",
-                       workers=args.workers)
+            P.multihot(
+                out=args.out, sizes=sizes, seed=args.seed, materialize=args.mode == "materialize", workers=args.workers
+            )
             return 0
         rows = _ints(args.table_rows, MLPERF_NUM_EMBEDDINGS, "--table-rows")
         if args.row_cap:
@@ -101,16 +110,26 @@ def main(argv: List[str]) -> int:
             if not args.input:
                 ap.error("--layout kaggle needs --input train.txt")
             days, inputs = [], [args.input]
-        meta = P.preprocess(out=args.out, layout=args.layout, inputs=inputs, days=days, table_rows=rows,
-                            transform=args.dense_transform, workers=args.workers,
-                            block_bytes=args.block_mb << 20, keep_raw=args.keep_raw_dense,
-                            dense_min=args.dense_min)
+        meta = P.preprocess(
+            out=args.out,
+            layout=args.layout,
+            inputs=inputs,
+            days=days,
+            table_rows=rows,
+            transform=args.dense_transform,
+            workers=args.workers,
+            block_bytes=args.block_mb << 20,
+            keep_raw=args.keep_raw_dense,
+            dense_min=args.dense_min,
+        )
     except (TsvFormatError, P.PreprocessError, BinaryFormatError) as e:
         print(f"FAIL {e}", file=sys.stderr)
         return 1
     n = sum(d["rows"] for d in meta["days"])
-    print(f"{args.out}: {len(meta['days'])} days, {n:,} rows; dense {meta['dense_transform_formula']}"
-          + (f", m = {meta['dense_min']}" if meta["dense_min"] is not None else ""))
+    print(
+        f"{args.out}: {len(meta['days'])} days, {n:,} rows; dense {meta['dense_transform_formula']}"
+        + (f", m = {meta['dense_min']}" if meta["dense_min"] is not None else "")
+    )
     return 0
 
 

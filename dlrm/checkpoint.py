@@ -97,8 +97,11 @@ def step_dir(root: str, step: int) -> str:
 
 def is_complete(path: str) -> bool:
     """A finished checkpoint: named ``step_<N>`` with DCP's ``.metadata`` and our ``meta.json``."""
-    return (bool(_STEP_RE.match(os.path.basename(os.path.normpath(path))))
-            and os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, META)))
+    return (
+        bool(_STEP_RE.match(os.path.basename(os.path.normpath(path))))
+        and os.path.isfile(os.path.join(path, ".metadata"))
+        and os.path.isfile(os.path.join(path, META))
+    )
 
 
 def list_checkpoints(root: str) -> List[Tuple[int, str]]:
@@ -129,9 +132,15 @@ def resolve_checkpoint(path: str) -> str:
     latest = latest_checkpoint(path)
     if latest is not None:
         return latest
-    why = "does not exist" if not os.path.exists(path) else (
-        "is an incomplete save (a *.tmp directory)" if path.rstrip("/").endswith(".tmp") else
-        "is neither a step_<N> checkpoint (with .metadata and meta.json) nor a directory holding one")
+    why = (
+        "does not exist"
+        if not os.path.exists(path)
+        else (
+            "is an incomplete save (a *.tmp directory)"
+            if path.rstrip("/").endswith(".tmp")
+            else "is neither a step_<N> checkpoint (with .metadata and meta.json) nor a directory holding one"
+        )
+    )
     raise FileNotFoundError(f"checkpoint {path!r} {why}")
 
 
@@ -177,12 +186,15 @@ class LoadReport:
     def summary(self) -> str:
         if not self.skipped:
             return f"all {len(self.restored)} model and optimizer entries restored"
-        return (f"{len(self.restored)} entries restored; {len(self.skipped)} optimizer entries NOT restored "
-                "(they start fresh): " + "; ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items())))
+        return (
+            f"{len(self.restored)} entries restored; {len(self.skipped)} optimizer entries NOT restored "
+            "(they start fresh): " + "; ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items()))
+        )
 
 
-def load_app_state(path: str, model: torch.nn.Module, optimizer: Any,
-                   process_group: Optional[dist.ProcessGroup] = None) -> LoadReport:
+def load_app_state(
+    path: str, model: torch.nn.Module, optimizer: Any, process_group: Optional[dist.ProcessGroup] = None
+) -> LoadReport:
     """Load model and optimizer state from a DCP checkpoint into the live (possibly differently sharded) model.
 
     Model entries must all be present with the same global shape (a different architecture or table size is an
@@ -201,11 +213,15 @@ def load_app_state(path: str, model: torch.nn.Module, optimizer: Any,
     for key, v in model_flat.items():
         md = meta.get(key)
         if md is None:
-            raise ValueError(f"checkpoint {path}: model entry {key!r} is missing; it was written by another model "
-                             "config (compare its meta.json `config.model` with this run's)")
+            raise ValueError(
+                f"checkpoint {path}: model entry {key!r} is missing; it was written by another model "
+                "config (compare its meta.json `config.model` with this run's)"
+            )
         if isinstance(md, TensorStorageMetadata) and _global_shape(v) != tuple(md.size):
-            raise ValueError(f"checkpoint {path}: model entry {key!r} has shape {tuple(md.size)} there and "
-                             f"{_global_shape(v)} here; use the model config the checkpoint was written with")
+            raise ValueError(
+                f"checkpoint {path}: model entry {key!r} has shape {tuple(md.size)} there and "
+                f"{_global_shape(v)} here; use the model config the checkpoint was written with"
+            )
     optim_keep: Dict[str, Dict[str, Any]] = {}
     for pkey, states in target["optim"].items():
         for sname, v in states.items():
@@ -214,8 +230,10 @@ def load_app_state(path: str, model: torch.nn.Module, optimizer: Any,
             if md is None:
                 report.skipped[key] = "not in the checkpoint (saved under another layout: fused vs data_parallel)"
             elif isinstance(md, TensorStorageMetadata) and _global_shape(v) != tuple(md.size):
-                report.skipped[key] = (f"shape {tuple(md.size)} in the checkpoint vs {_global_shape(v)} here "
-                                       "(e.g. row-wise Adagrad momentum into column_wise)")
+                report.skipped[key] = (
+                    f"shape {tuple(md.size)} in the checkpoint vs {_global_shape(v)} here "
+                    "(e.g. row-wise Adagrad momentum into column_wise)"
+                )
             else:
                 optim_keep.setdefault(pkey, {})[sname] = v
     state = {"model": target["model"], "optim": optim_keep}
@@ -352,8 +370,10 @@ class Checkpointer:
             if os.path.isdir(self.root):
                 for name in sorted(os.listdir(self.root)):
                     if _TMP_RE.match(name):
-                        log.warning("ignoring incomplete checkpoint %s (its save was interrupted); removing it",
-                                    os.path.join(self.root, name))
+                        log.warning(
+                            "ignoring incomplete checkpoint %s (its save was interrupted); removing it",
+                            os.path.join(self.root, name),
+                        )
                         shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
             if res == "auto":
                 chosen[0] = latest_checkpoint(self.root)
@@ -387,7 +407,8 @@ class Checkpointer:
             raise ConfigError(
                 f"config key `data.global_batch_size`: checkpoint {path} was trained with a global batch of "
                 f"{meta['global_batch']} ({meta['world_size']} ranks), this run has {trainer.global_batch}; "
-                f"set data.global_batch_size={meta['global_batch']} so the data position carries over")
+                f"set data.global_batch_size={meta['global_batch']} so the data position carries over"
+            )
         report = load_app_state(path, trainer.model, trainer.optimizer, self.pg)
         trainer.scheduler.load_state_dict(meta["scheduler"])
         for group, lr in zip(trainer.optimizer.param_groups, trainer.scheduler.get_last_lr()):
@@ -401,12 +422,21 @@ class Checkpointer:
             set_rng_state(extra["rng"])
             self._restored_window = extra.get("window")
         else:
-            log.warning("checkpoint %s was written by %d ranks, this run has %d: RNG states and the unlogged "
-                        "metric window are not restored (model, optimizer, schedule and data position are)",
-                        path, meta["world_size"], self.info.world_size)
+            log.warning(
+                "checkpoint %s was written by %d ranks, this run has %d: RNG states and the unlogged "
+                "metric window are not restored (model, optimizer, schedule and data position are)",
+                path,
+                meta["world_size"],
+                self.info.world_size,
+            )
         (log.warning if report.skipped else log.info)("checkpoint load: %s", report.summary())
-        log.info("resumed from %s at step %d (%d samples seen), %.1fs", path, trainer.step, trainer.samples_seen,
-                 time.perf_counter() - t0)
+        log.info(
+            "resumed from %s at step %d (%d samples seen), %.1fs",
+            path,
+            trainer.step,
+            trainer.samples_seen,
+            time.perf_counter() - t0,
+        )
         self.resumed_from, self.report = path, report
         return path
 
@@ -431,8 +461,10 @@ class Checkpointer:
         if self.cfg.save_on_sigterm and self._agree_sigterm():
             self.save(trainer, win, block=True)
             self.preempted = True
-            msg = (f"SIGTERM: finished step {trainer.step}, saved {step_dir(self.root, trainer.step)}; exiting "
-                   f"with status 0. Start again with the same checkpoint.dir ({self.root}) to resume")
+            msg = (
+                f"SIGTERM: finished step {trainer.step}, saved {step_dir(self.root, trainer.step)}; exiting "
+                f"with status 0. Start again with the same checkpoint.dir ({self.root}) to resume"
+            )
             log.warning(msg)
             if trainer.metrics is not None:
                 trainer.metrics.log_line(msg)
@@ -467,15 +499,23 @@ class Checkpointer:
         os.makedirs(tmp, exist_ok=True)
         window = None
         if win is not None and win.losses:
-            window = {"losses": [t.cpu() for t in win.losses], "oks": [t.cpu() for t in win.oks],
-                      "logits": [t.cpu() for t in win.logits], "labels": [t.cpu() for t in win.labels],
-                      "samples": win.samples}
+            window = {
+                "losses": [t.cpu() for t in win.losses],
+                "oks": [t.cpu() for t in win.oks],
+                "logits": [t.cpu() for t in win.logits],
+                "labels": [t.cpu() for t in win.labels],
+                "samples": win.samples,
+            }
         torch.save({"rng": rng_state(), "window": window}, os.path.join(tmp, f"rank_{self.info.rank}.pt"))
         if self.info.is_main:
             meta = {
-                "step": step, "samples": trainer.samples_seen, "world_size": self.info.world_size,
-                "global_batch": trainer.global_batch, "steps_per_epoch": trainer.steps_per_epoch,
-                "scheduler": trainer.scheduler.state_dict(), "time": time.time(),
+                "step": step,
+                "samples": trainer.samples_seen,
+                "world_size": self.info.world_size,
+                "global_batch": trainer.global_batch,
+                "steps_per_epoch": trainer.steps_per_epoch,
+                "scheduler": trainer.scheduler.state_dict(),
+                "time": time.time(),
                 "plan": [list(r) for r in plan_rows(trainer.plan)],
                 "config": OmegaConf.to_container(OmegaConf.structured(trainer.cfg)),
                 "versions": {"torch": torch.__version__},
@@ -502,8 +542,9 @@ class Checkpointer:
             if s == step and r == self.info.rank:
                 return _KillAfterWrite(tmp)
         if self._writer is None:  # reused so that its pinned staging buffers (CUDA) are reused
-            self._writer = (_StreamStagedWriter(tmp, self.info.device) if self.info.device.type == "cuda"
-                            else FileSystemWriter(tmp))  # CPU: DCP's copy, a fresh one per save
+            self._writer = (
+                _StreamStagedWriter(tmp, self.info.device) if self.info.device.type == "cuda" else FileSystemWriter(tmp)
+            )  # CPU: DCP's copy, a fresh one per save
         return self._writer
 
     def _poll(self) -> None:

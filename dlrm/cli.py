@@ -57,8 +57,10 @@ def job_name(env: Mapping[str, str]) -> Optional[str]:
     user = env.get(RUN_NAME_ENV)
     if user is not None:
         if not _NAME_OK.fullmatch(user):
-            raise ValueError(f"${RUN_NAME_ENV}={user!r} is not a plain directory name; use letters, digits, "
-                             f"'.', '_' and '-' (for another parent directory set ${OUTPUT_ROOT_ENV})")
+            raise ValueError(
+                f"${RUN_NAME_ENV}={user!r} is not a plain directory name; use letters, digits, "
+                f"'.', '_' and '-' (for another parent directory set ${OUTPUT_ROOT_ENV})"
+            )
         return user
     for value in (env.get("TORCHX_JOB_ID", "").rstrip("/").rpartition("/")[2], env.get("TORCHELASTIC_RUN_ID", "")):
         if value.strip().lower() not in _NO_RUN_ID:
@@ -73,8 +75,10 @@ def _has_override(argv: Sequence[str], key: str) -> bool:
 def _quote(path: str) -> str:
     """Quote a path for Hydra's override grammar (``=``, ``,``, spaces and brackets would split it)."""
     if "'" in path or "\\" in path:
-        raise ValueError(f"${OUTPUT_ROOT_ENV}={path!r}: quotes and backslashes are not supported in the output "
-                         "root; choose another directory")
+        raise ValueError(
+            f"${OUTPUT_ROOT_ENV}={path!r}: quotes and backslashes are not supported in the output "
+            "root; choose another directory"
+        )
     return f"'{path}'"
 
 

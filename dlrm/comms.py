@@ -67,8 +67,12 @@ from torchrec.distributed.types import ShardedModule, ShardingEnv
 _GROUPS: Dict[Tuple[str, Optional[int]], Tuple[dist.ProcessGroup, dist.ProcessGroup]] = {}
 _HOOK_ATTR = "_dlrm_input_dist_group"
 # the private TorchRec names this module relies on (see the module docstring)
-PRIVATE_NAMES = ("ShardedModule._create_input_dist", "ShardedModule._input_dists", "KJTAllToAll._pg",
-                 "DefaultDataParallelWrapper._ddp_wrap")
+PRIVATE_NAMES = (
+    "ShardedModule._create_input_dist",
+    "ShardedModule._input_dists",
+    "KJTAllToAll._pg",
+    "DefaultDataParallelWrapper._ddp_wrap",
+)
 
 
 def _dedicated_group(purpose: str, max_ctas: Optional[int] = None) -> dist.ProcessGroup:
@@ -129,15 +133,16 @@ class DedicatedGroupDataParallelWrapper(DefaultDataParallelWrapper):
         bucket_cap_mb: DDP's gradient bucket size in MiB, as TorchRec's.
     """
 
-    def __init__(self, group: dist.ProcessGroup, allreduce_comm_precision: Any = None, bucket_cap_mb: int = 25
-                 ) -> None:
+    def __init__(self, group: dist.ProcessGroup, allreduce_comm_precision: Any = None, bucket_cap_mb: int = 25) -> None:
         super().__init__(bucket_cap_mb=bucket_cap_mb, allreduce_comm_precision=allreduce_comm_precision)
         self.group = group
 
     def _ddp_wrap(self, dmp: Any, env: ShardingEnv, device: torch.device, ddp_ignore_param_names: Set[str]) -> None:
         if dist.get_process_group_ranks(self.group) != dist.get_process_group_ranks(env.process_group):
-            raise NotImplementedError("perf.allreduce_group=dedicated supports DDP over all ranks of the sharding "
-                                      "env only (no 2D parallel); use perf.allreduce_group=shared")
+            raise NotImplementedError(
+                "perf.allreduce_group=dedicated supports DDP over all ranks of the sharding "
+                "env only (no 2D parallel); use perf.allreduce_group=shared"
+            )
         own = copy.copy(env)
         own.process_group = self.group
         super()._ddp_wrap(dmp, own, device, ddp_ignore_param_names)
@@ -145,11 +150,13 @@ class DedicatedGroupDataParallelWrapper(DefaultDataParallelWrapper):
 
 def _check_private_api(name: str, module: torch.nn.Module) -> None:
     if not callable(getattr(module, "_create_input_dist", None)) or not isinstance(
-            getattr(module, "_input_dists", None), list):
+        getattr(module, "_input_dists", None), list
+    ):
         raise RuntimeError(
             f"pipeline.input_dist_group=dedicated: sharded module `{name}` ({type(module).__name__}) has no "
             "`_create_input_dist` method or `_input_dists` list; this TorchRec version builds input dists "
-            "differently and dlrm/comms.py must be adapted (or use pipeline.input_dist_group=shared)")
+            "differently and dlrm/comms.py must be adapted (or use pipeline.input_dist_group=shared)"
+        )
 
 
 def _retarget(name: str, module: torch.nn.Module, group: dist.ProcessGroup) -> int:
@@ -161,8 +168,10 @@ def _retarget(name: str, module: torch.nn.Module, group: dist.ProcessGroup) -> i
                 continue
             pg = getattr(sub, "_pg", None)
             if not isinstance(pg, dist.ProcessGroup):
-                raise RuntimeError(f"KJTAllToAll in `{name}` has no `_pg` process group; this TorchRec version "
-                                   "changed KJTAllToAll and dlrm/comms.py must be adapted")
+                raise RuntimeError(
+                    f"KJTAllToAll in `{name}` has no `_pg` process group; this TorchRec version "
+                    "changed KJTAllToAll and dlrm/comms.py must be adapted"
+                )
             if pg is group:
                 n += 1
                 continue
@@ -171,7 +180,8 @@ def _retarget(name: str, module: torch.nn.Module, group: dist.ProcessGroup) -> i
                 raise NotImplementedError(
                     f"the input dist of `{name}` runs on a sub-group of ranks {ranks} (2D parallel or a "
                     "hierarchical sharding); pipeline.input_dist_group=dedicated supports only input dists over "
-                    "all ranks: use pipeline.input_dist_group=shared")
+                    "all ranks: use pipeline.input_dist_group=shared"
+                )
             sub._pg = group
             n += 1
     return n
@@ -319,4 +329,3 @@ class AllReduceAfterOutputDist:
             self._release()
         self.armed = False
         self.backward_passes += 1
-

@@ -22,12 +22,61 @@ from omegaconf import DictConfig, OmegaConf
 
 # MLPerf Training DLRM-v2 (recommendation_v2/torchrec_dlrm README): per-feature cardinalities of the 26 tables.
 MLPERF_NUM_EMBEDDINGS: List[int] = [
-    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938, 155, 4,
-    976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+    40000000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    40000000,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    40000000,
+    40000000,
+    40000000,
+    590152,
+    12973,
+    108,
+    36,
 ]
 # MLPerf Training DLRM-v2: ids per sample per feature (214 in all) of the synthetic multi-hot dataset.
 MLPERF_MULTI_HOT_SIZES: List[int] = [
-    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+    3,
+    2,
+    1,
+    2,
+    6,
+    1,
+    1,
+    1,
+    1,
+    7,
+    3,
+    8,
+    1,
+    6,
+    9,
+    5,
+    1,
+    1,
+    1,
+    12,
+    100,
+    27,
+    10,
+    3,
+    1,
+    1,
 ]
 NUM_DENSE_FEATURES = 13  # Criteo: I1..I13
 NUM_SPARSE_FEATURES = 26  # Criteo: C1..C26
@@ -73,20 +122,34 @@ class ModelConfig:
         _check(self.interaction in ("dcn", "dot"), "model.interaction", f"got {self.interaction!r}; use dcn or dot")
         _check(self.embedding_dim > 0, "model.embedding_dim", "must be positive")
         n = len(self.num_embeddings_per_feature)
-        _check(n == NUM_SPARSE_FEATURES, "model.num_embeddings_per_feature",
-               f"has {n} entries; Criteo has {NUM_SPARSE_FEATURES} sparse features C1..C26, give one per feature")
-        _check(all(r > 0 for r in self.num_embeddings_per_feature), "model.num_embeddings_per_feature",
-               "every table needs at least one row")
-        _check(len(self.multi_hot_sizes) == n, "model.multi_hot_sizes",
-               f"has {len(self.multi_hot_sizes)} entries; give one per table ({n})")
+        _check(
+            n == NUM_SPARSE_FEATURES,
+            "model.num_embeddings_per_feature",
+            f"has {n} entries; Criteo has {NUM_SPARSE_FEATURES} sparse features C1..C26, give one per feature",
+        )
+        _check(
+            all(r > 0 for r in self.num_embeddings_per_feature),
+            "model.num_embeddings_per_feature",
+            "every table needs at least one row",
+        )
+        _check(
+            len(self.multi_hot_sizes) == n,
+            "model.multi_hot_sizes",
+            f"has {len(self.multi_hot_sizes)} entries; give one per table ({n})",
+        )
         _check(all(m >= 1 for m in self.multi_hot_sizes), "model.multi_hot_sizes", "every size must be >= 1")
         _check(self.row_cap is None or self.row_cap > 0, "model.row_cap", "must be positive or null")
-        _check(len(self.dense_arch_layer_sizes) > 0 and self.dense_arch_layer_sizes[-1] == self.embedding_dim,
-               "model.dense_arch_layer_sizes",
-               f"the last size ({self.dense_arch_layer_sizes[-1:]}) must equal model.embedding_dim "
-               f"({self.embedding_dim}) so dense and sparse outputs interact")
-        _check(len(self.over_arch_layer_sizes) > 0 and self.over_arch_layer_sizes[-1] == 1,
-               "model.over_arch_layer_sizes", "the last size must be 1 (one click logit)")
+        _check(
+            len(self.dense_arch_layer_sizes) > 0 and self.dense_arch_layer_sizes[-1] == self.embedding_dim,
+            "model.dense_arch_layer_sizes",
+            f"the last size ({self.dense_arch_layer_sizes[-1:]}) must equal model.embedding_dim "
+            f"({self.embedding_dim}) so dense and sparse outputs interact",
+        )
+        _check(
+            len(self.over_arch_layer_sizes) > 0 and self.over_arch_layer_sizes[-1] == 1,
+            "model.over_arch_layer_sizes",
+            "the last size must be 1 (one click logit)",
+        )
         if self.interaction == "dcn":
             _check(self.dcn_num_layers > 0, "model.dcn_num_layers", "must be positive")
             _check(self.dcn_low_rank_dim > 0, "model.dcn_low_rank_dim", "must be positive")
@@ -149,39 +212,66 @@ class DataConfig:
     pin_memory: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        _check(self.name in ("synthetic", "criteo_tsv", "criteo_binary"), "data.name",
-               f"got {self.name!r}; choose data=synthetic, data=criteo_tsv or data=criteo_binary")
+        _check(
+            self.name in ("synthetic", "criteo_tsv", "criteo_binary"),
+            "data.name",
+            f"got {self.name!r}; choose data=synthetic, data=criteo_tsv or data=criteo_binary",
+        )
         _check(self.batch_size > 0, "data.batch_size", "must be positive")
-        _check(self.global_batch_size is None or self.global_batch_size > 0, "data.global_batch_size",
-               "must be positive or null")
+        _check(
+            self.global_batch_size is None or self.global_batch_size > 0,
+            "data.global_batch_size",
+            "must be positive or null",
+        )
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", "must be in (0, 1)")
         if self.name == "criteo_tsv":
-            _check(bool(self.train_path), "data.train_path",
-                   "data=criteo_tsv needs a training TSV: pass data.train_path=<file.tsv>")
+            _check(
+                bool(self.train_path),
+                "data.train_path",
+                "data=criteo_tsv needs a training TSV: pass data.train_path=<file.tsv>",
+            )
         if self.name == "synthetic":
             for key in ("train_path", "val_path", "test_path"):
-                _check(getattr(self, key) is None, f"data.{key}",
-                       f"is set ({getattr(self, key)!r}) but data=synthetic ignores files; add data=criteo_tsv "
-                       "(or experiment=criteo_sample) to train on it")
+                _check(
+                    getattr(self, key) is None,
+                    f"data.{key}",
+                    f"is set ({getattr(self, key)!r}) but data=synthetic ignores files; add data=criteo_tsv "
+                    "(or experiment=criteo_sample) to train on it",
+                )
             _check(self.num_train_samples > 0, "data.num_train_samples", "must be positive")
             _check(self.num_val_samples > 0, "data.num_val_samples", "must be positive")
             _check(self.num_test_samples >= 0, "data.num_test_samples", "must be >= 0")
         _check(self.max_rows is None or self.max_rows > 0, "data.max_rows", "must be positive or null")
-        _check(self.multi_hot_source in ("auto", "materialized", "on_the_fly"), "data.multi_hot_source",
-               f"got {self.multi_hot_source!r}; use auto, materialized or on_the_fly")
+        _check(
+            self.multi_hot_source in ("auto", "materialized", "on_the_fly"),
+            "data.multi_hot_source",
+            f"got {self.multi_hot_source!r}; use auto, materialized or on_the_fly",
+        )
         _check(self.prefetch >= 0, "data.prefetch", "must be >= 0 (0: no background thread)")
         if self.name == "criteo_binary":
-            _check(bool(self.dataset_dir), "data.dataset_dir",
-                   "data=criteo_binary needs a preprocessed dataset: pass data.dataset_dir=<dir with meta.json> "
-                   "(build it with data/preprocess_criteo.py)")
-            _check(not self.shuffle, "data.shuffle", "data=criteo_binary reads rows in file order (MLPerf: no "
-                   "shuffling); set data.shuffle=false")
+            _check(
+                bool(self.dataset_dir),
+                "data.dataset_dir",
+                "data=criteo_binary needs a preprocessed dataset: pass data.dataset_dir=<dir with meta.json> "
+                "(build it with data/preprocess_criteo.py)",
+            )
+            _check(
+                not self.shuffle,
+                "data.shuffle",
+                "data=criteo_binary reads rows in file order (MLPerf: no shuffling); set data.shuffle=false",
+            )
             for key in ("train_path", "val_path", "test_path"):
-                _check(getattr(self, key) is None, f"data.{key}",
-                       f"is set but data=criteo_binary reads data.dataset_dir; drop data.{key}")
+                _check(
+                    getattr(self, key) is None,
+                    f"data.{key}",
+                    f"is set but data=criteo_binary reads data.dataset_dir; drop data.{key}",
+                )
         else:
-            _check(self.dataset_dir is None, "data.dataset_dir",
-                   f"is set but data={self.name} ignores it; add data=criteo_binary to train on it")
+            _check(
+                self.dataset_dir is None,
+                "data.dataset_dir",
+                f"is set but data={self.name} ignores it; add data=criteo_binary to train on it",
+            )
 
 
 @dataclass
@@ -224,14 +314,20 @@ class OptimizerConfig:
         _check(self.decay_steps >= 0, "optimizer.decay_steps", "must be >= 0")
         _check(self.decay_start_step >= 0, "optimizer.decay_start_step", "must be >= 0")
         if self.decay_steps:
-            _check(self.decay_start_step >= self.warmup_steps, "optimizer.decay_start_step",
-                   f"{self.decay_start_step} falls inside the warmup ({self.warmup_steps} steps); start the decay "
-                   "at or after optimizer.warmup_steps")
+            _check(
+                self.decay_start_step >= self.warmup_steps,
+                "optimizer.decay_start_step",
+                f"{self.decay_start_step} falls inside the warmup ({self.warmup_steps} steps); start the decay "
+                "at or after optimizer.warmup_steps",
+            )
         _check(0 <= self.end_lr <= self.lr, "optimizer.end_lr", "must be in [0, optimizer.lr]")
         _check(self.sparse_lr is None or self.sparse_lr > 0, "optimizer.sparse_lr", "must be positive or null")
         _check(self.eps > 0, "optimizer.eps", "must be positive")
-        _check(self.sparse_type in ("adagrad", "rowwise_adagrad"), "optimizer.sparse_type",
-               f"got {self.sparse_type!r}; use adagrad or rowwise_adagrad")
+        _check(
+            self.sparse_type in ("adagrad", "rowwise_adagrad"),
+            "optimizer.sparse_type",
+            f"got {self.sparse_type!r}; use adagrad or rowwise_adagrad",
+        )
 
     @property
     def embedding_lr(self) -> float:
@@ -240,10 +336,16 @@ class OptimizerConfig:
 
 # TorchRec ``ShardingType`` values this trainer runs (``sharding=<name>`` presets, per-table constraints), and
 # the ``EmbeddingComputeKernel`` values of the EmbeddingBagCollection sharder (``dense`` is data_parallel's).
-SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise",
-                  "data_parallel", "grid_shard")
-SHARDING_PRESETS = ("auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel",
-                    "grid_shard")
+SHARDING_TYPES = (
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "table_column_wise",
+    "data_parallel",
+    "grid_shard",
+)
+SHARDING_PRESETS = ("auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "grid_shard")
 COMPUTE_KERNELS = ("fused", "fused_uvm", "fused_uvm_caching", "dense")
 
 
@@ -281,10 +383,16 @@ class TableConstraintConfig:
     def validate(self, prefix: str) -> None:
         _check_types(self.sharding_types, SHARDING_TYPES, f"{prefix}.sharding_types")
         _check_types(self.compute_kernels, COMPUTE_KERNELS, f"{prefix}.compute_kernels")
-        _check(self.min_partition is None or self.min_partition > 0, f"{prefix}.min_partition",
-               "must be a positive number of columns or null")
-        _check(self.pooling_factors is None or all(x > 0 for x in self.pooling_factors),
-               f"{prefix}.pooling_factors", "every pooling factor must be positive")
+        _check(
+            self.min_partition is None or self.min_partition > 0,
+            f"{prefix}.min_partition",
+            "must be a positive number of columns or null",
+        )
+        _check(
+            self.pooling_factors is None or all(x > 0 for x in self.pooling_factors),
+            f"{prefix}.pooling_factors",
+            "every pooling factor must be positive",
+        )
 
 
 @dataclass
@@ -327,20 +435,35 @@ class ShardingConfig:
     data_parallel_max_rows: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check(self.name in SHARDING_PRESETS, "sharding.name",
-               f"got {self.name!r}; choose sharding={'|'.join(SHARDING_PRESETS)}")
+        _check(
+            self.name in SHARDING_PRESETS,
+            "sharding.name",
+            f"got {self.name!r}; choose sharding={'|'.join(SHARDING_PRESETS)}",
+        )
         _check_types(self.sharding_types, SHARDING_TYPES, "sharding.sharding_types")
-        _check(self.compute_kernel is None or self.compute_kernel in COMPUTE_KERNELS, "sharding.compute_kernel",
-               f"got {self.compute_kernel!r}; choose from {', '.join(COMPUTE_KERNELS)} or null")
+        _check(
+            self.compute_kernel is None or self.compute_kernel in COMPUTE_KERNELS,
+            "sharding.compute_kernel",
+            f"got {self.compute_kernel!r}; choose from {', '.join(COMPUTE_KERNELS)} or null",
+        )
         if self.compute_kernel == "dense":
-            _check(self.sharding_types == ["data_parallel"], "sharding.compute_kernel",
-                   "the dense kernel only runs data_parallel tables; use sharding=data_parallel, or a fused kernel")
+            _check(
+                self.sharding_types == ["data_parallel"],
+                "sharding.compute_kernel",
+                "the dense kernel only runs data_parallel tables; use sharding=data_parallel, or a fused kernel",
+            )
         if self.sharding_types == ["data_parallel"]:
-            _check(self.compute_kernel in (None, "dense"), "sharding.compute_kernel",
-                   f"data_parallel tables run the dense kernel, not {self.compute_kernel}; "
-                   "set sharding.compute_kernel=null")
-        _check(self.min_partition is None or self.min_partition > 0, "sharding.min_partition",
-               "must be a positive number of columns or null")
+            _check(
+                self.compute_kernel in (None, "dense"),
+                "sharding.compute_kernel",
+                f"data_parallel tables run the dense kernel, not {self.compute_kernel}; "
+                "set sharding.compute_kernel=null",
+            )
+        _check(
+            self.min_partition is None or self.min_partition > 0,
+            "sharding.min_partition",
+            "must be a positive number of columns or null",
+        )
         for table, c in list(self.constraints.items()):
             key = f"sharding.constraints.{table}"
             if not isinstance(c, TableConstraintConfig):
@@ -351,8 +474,11 @@ class ShardingConfig:
                 c = self.constraints[table] = TableConstraintConfig(**c)
             c.validate(key)
         _check(0.0 <= self.storage_reservation < 1.0, "sharding.storage_reservation", "must be in [0, 1)")
-        _check(self.data_parallel_max_rows is None or self.data_parallel_max_rows > 0,
-               "sharding.data_parallel_max_rows", "must be a positive number of rows, or null (off)")
+        _check(
+            self.data_parallel_max_rows is None or self.data_parallel_max_rows > 0,
+            "sharding.data_parallel_max_rows",
+            "must be a positive number of rows, or null (off)",
+        )
         _check(self.hbm_cap_gb is None or self.hbm_cap_gb > 0, "sharding.hbm_cap_gb", "must be positive or null")
         _check(self.ddr_cap_gb is None or self.ddr_cap_gb > 0, "sharding.ddr_cap_gb", "must be positive or null")
 
@@ -389,18 +515,33 @@ class PipelineConfig:
     semi_sync_start_batch: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.name in ("sparse_dist", "fused_sparse_dist", "semi_sync", "prefetch", "base"), "pipeline.name",
-               f"got {self.name!r}; use sparse_dist, fused_sparse_dist (CUDA), semi_sync (CUDA), prefetch (uvm "
-               "caching, CUDA) or base (plain loop, no overlap, for debugging)")
-        _check(self.semi_sync_start_batch >= 0, "pipeline.semi_sync_start_batch",
-               f"got {self.semi_sync_start_batch}; use a batch index >= 0")
-        _check(self.input_dist_group in ("shared", "dedicated"), "pipeline.input_dist_group",
-               f"got {self.input_dist_group!r}; use shared or dedicated")
-        _check(self.input_dist_max_ctas is None or self.input_dist_max_ctas >= 1, "pipeline.input_dist_max_ctas",
-               f"got {self.input_dist_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice")
-        _check(self.input_dist_max_ctas is None or self.input_dist_group == "dedicated", "pipeline.input_dist_max_ctas",
-               "sets the dedicated input-dist group's NCCL communicator (CUDA runs only) and has no effect while "
-               "pipeline.input_dist_group=shared; add pipeline.input_dist_group=dedicated, or drop it on CPU")
+        _check(
+            self.name in ("sparse_dist", "fused_sparse_dist", "semi_sync", "prefetch", "base"),
+            "pipeline.name",
+            f"got {self.name!r}; use sparse_dist, fused_sparse_dist (CUDA), semi_sync (CUDA), prefetch (uvm "
+            "caching, CUDA) or base (plain loop, no overlap, for debugging)",
+        )
+        _check(
+            self.semi_sync_start_batch >= 0,
+            "pipeline.semi_sync_start_batch",
+            f"got {self.semi_sync_start_batch}; use a batch index >= 0",
+        )
+        _check(
+            self.input_dist_group in ("shared", "dedicated"),
+            "pipeline.input_dist_group",
+            f"got {self.input_dist_group!r}; use shared or dedicated",
+        )
+        _check(
+            self.input_dist_max_ctas is None or self.input_dist_max_ctas >= 1,
+            "pipeline.input_dist_max_ctas",
+            f"got {self.input_dist_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice",
+        )
+        _check(
+            self.input_dist_max_ctas is None or self.input_dist_group == "dedicated",
+            "pipeline.input_dist_max_ctas",
+            "sets the dedicated input-dist group's NCCL communicator (CUDA runs only) and has no effect while "
+            "pipeline.input_dist_group=shared; add pipeline.input_dist_group=dedicated, or drop it on CPU",
+        )
 
 
 @dataclass
@@ -528,49 +669,90 @@ class PerfConfig:
         for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
             v = getattr(self, key)
             _check(v in ("fp32", "fp16", "bf16"), f"perf.{key}", f"got {v!r}; use fp32, fp16 or bf16")
-        _check(self.allreduce_group in ("shared", "dedicated"), "perf.allreduce_group",
-               f"got {self.allreduce_group!r}; use shared or dedicated")
-        _check(self.allreduce_max_ctas is None or self.allreduce_max_ctas >= 1, "perf.allreduce_max_ctas",
-               f"got {self.allreduce_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice")
-        _check(self.allreduce_max_ctas is None or self.allreduce_group == "dedicated", "perf.allreduce_max_ctas",
-               "sets the dedicated all-reduce group's NCCL communicator (CUDA runs only) and has no effect "
-               "while perf.allreduce_group=shared; add perf.allreduce_group=dedicated, or drop it on CPU")
+        _check(
+            self.allreduce_group in ("shared", "dedicated"),
+            "perf.allreduce_group",
+            f"got {self.allreduce_group!r}; use shared or dedicated",
+        )
+        _check(
+            self.allreduce_max_ctas is None or self.allreduce_max_ctas >= 1,
+            "perf.allreduce_max_ctas",
+            f"got {self.allreduce_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice",
+        )
+        _check(
+            self.allreduce_max_ctas is None or self.allreduce_group == "dedicated",
+            "perf.allreduce_max_ctas",
+            "sets the dedicated all-reduce group's NCCL communicator (CUDA runs only) and has no effect "
+            "while perf.allreduce_group=shared; add perf.allreduce_group=dedicated, or drop it on CPU",
+        )
         if self.allreduce_after_output_dist:
-            _check(self.lean_output_dist, "perf.allreduce_after_output_dist",
-                   "holds DDP's all-reduce until the lean output dists' backward all-to-alls are issued; add "
-                   "perf.lean_output_dist=true, or set perf.allreduce_after_output_dist=false")
-            _check(self.allreduce_dtype == "fp32" and self.allreduce_group == "shared",
-                   "perf.allreduce_after_output_dist",
-                   "issues DDP's fp32 all-reduce (PyTorch's default hook) on the shared group; with "
-                   f"perf.allreduce_dtype={self.allreduce_dtype} and perf.allreduce_group={self.allreduce_group} set "
-                   "perf.allreduce_after_output_dist=false (or use fp32 and shared)")
-        _check(self.tbe_bounds_check in ("warning", "fatal", "none"), "perf.tbe_bounds_check",
-               f"got {self.tbe_bounds_check!r}; use warning, fatal or none")
-        _check(self.autocast in ("none", "bf16", "fp16"), "perf.autocast",
-               f"got {self.autocast!r}; use none, bf16 or fp16")
-        _check(self.autocast == "none" or self.embedding_output_dtype in ("fp32", self.autocast),
-               "perf.embedding_output_dtype",
-               f"{self.embedding_output_dtype} pooled embeddings cannot meet {self.autocast} autocast (autocast's "
-               f"torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype={self.autocast} or fp32")
-        _check(self.dcn_residual_dtype in ("fp32", "autocast"), "perf.dcn_residual_dtype",
-               f"got {self.dcn_residual_dtype!r}; use fp32 or autocast")
-        _check(self.dcn_residual_dtype == "fp32" or self.autocast != "none", "perf.dcn_residual_dtype",
-               "autocast keeps the DCN's residual stream in the autocast dtype and has no effect while "
-               "perf.autocast=none; add perf.autocast=bf16, or use perf.dcn_residual_dtype=fp32")
-        _check(self.compile_mode not in ("reduce-overhead", "max-autotune"), "perf.compile_mode",
-               f"{self.compile_mode} captures CUDA graphs: not faster on H200, and the trainer's validation with "
-               f"them is not re-tested since it failed (docs/benchmarks.md); use default or "
-               f"max-autotune-no-cudagraphs")
+            _check(
+                self.lean_output_dist,
+                "perf.allreduce_after_output_dist",
+                "holds DDP's all-reduce until the lean output dists' backward all-to-alls are issued; add "
+                "perf.lean_output_dist=true, or set perf.allreduce_after_output_dist=false",
+            )
+            _check(
+                self.allreduce_dtype == "fp32" and self.allreduce_group == "shared",
+                "perf.allreduce_after_output_dist",
+                "issues DDP's fp32 all-reduce (PyTorch's default hook) on the shared group; with "
+                f"perf.allreduce_dtype={self.allreduce_dtype} and perf.allreduce_group={self.allreduce_group} set "
+                "perf.allreduce_after_output_dist=false (or use fp32 and shared)",
+            )
+        _check(
+            self.tbe_bounds_check in ("warning", "fatal", "none"),
+            "perf.tbe_bounds_check",
+            f"got {self.tbe_bounds_check!r}; use warning, fatal or none",
+        )
+        _check(
+            self.autocast in ("none", "bf16", "fp16"), "perf.autocast", f"got {self.autocast!r}; use none, bf16 or fp16"
+        )
+        _check(
+            self.autocast == "none" or self.embedding_output_dtype in ("fp32", self.autocast),
+            "perf.embedding_output_dtype",
+            f"{self.embedding_output_dtype} pooled embeddings cannot meet {self.autocast} autocast (autocast's "
+            f"torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype={self.autocast} or fp32",
+        )
+        _check(
+            self.dcn_residual_dtype in ("fp32", "autocast"),
+            "perf.dcn_residual_dtype",
+            f"got {self.dcn_residual_dtype!r}; use fp32 or autocast",
+        )
+        _check(
+            self.dcn_residual_dtype == "fp32" or self.autocast != "none",
+            "perf.dcn_residual_dtype",
+            "autocast keeps the DCN's residual stream in the autocast dtype and has no effect while "
+            "perf.autocast=none; add perf.autocast=bf16, or use perf.dcn_residual_dtype=fp32",
+        )
+        _check(
+            self.compile_mode not in ("reduce-overhead", "max-autotune"),
+            "perf.compile_mode",
+            f"{self.compile_mode} captures CUDA graphs: not faster on H200, and the trainer's validation with "
+            f"them is not re-tested since it failed (docs/benchmarks.md); use default or "
+            f"max-autotune-no-cudagraphs",
+        )
         modes = ("default", "max-autotune-no-cudagraphs")
         _check(self.compile_mode in modes, "perf.compile_mode", f"got {self.compile_mode!r}; use one of {modes}")
-        _check(self.compile or self.compile_mode == "default", "perf.compile_mode",
-               f"{self.compile_mode} has no effect while perf.compile=false; add perf.compile=true")
-        _check(self.compile or not self.coordinate_descent_tuning, "perf.coordinate_descent_tuning",
-               "tunes compiled kernels and has no effect while perf.compile=false; add perf.compile=true")
-        _check(self.compile or self.compile_ddp_split, "perf.compile_ddp_split",
-               "splits the compiled dense step and has no effect while perf.compile=false; add perf.compile=true")
-        _check(self.ddp_bucket_cap_mb >= 1, "perf.ddp_bucket_cap_mb",
-               f"got {self.ddp_bucket_cap_mb}; use a bucket size in MiB >= 1 (25: PyTorch's default)")
+        _check(
+            self.compile or self.compile_mode == "default",
+            "perf.compile_mode",
+            f"{self.compile_mode} has no effect while perf.compile=false; add perf.compile=true",
+        )
+        _check(
+            self.compile or not self.coordinate_descent_tuning,
+            "perf.coordinate_descent_tuning",
+            "tunes compiled kernels and has no effect while perf.compile=false; add perf.compile=true",
+        )
+        _check(
+            self.compile or self.compile_ddp_split,
+            "perf.compile_ddp_split",
+            "splits the compiled dense step and has no effect while perf.compile=false; add perf.compile=true",
+        )
+        _check(
+            self.ddp_bucket_cap_mb >= 1,
+            "perf.ddp_bucket_cap_mb",
+            f"got {self.ddp_bucket_cap_mb}; use a bucket size in MiB >= 1 (25: PyTorch's default)",
+        )
 
 
 @dataclass
@@ -597,13 +779,19 @@ class OffloadConfig:
     cache_algorithm: str = "lru"
 
     def __post_init__(self) -> None:
-        _check(self.name in ("none", "uvm", "uvm_caching"), "offload.name",
-               f"got {self.name!r}; use offload=none, offload=uvm or offload=uvm_caching")
+        _check(
+            self.name in ("none", "uvm", "uvm_caching"),
+            "offload.name",
+            f"got {self.name!r}; use offload=none, offload=uvm or offload=uvm_caching",
+        )
         _check(self.min_table_rows >= 0, "offload.min_table_rows", "must be >= 0")
         _check(self.min_table_mb >= 0, "offload.min_table_mb", "must be >= 0")
         _check(0.0 < self.cache_load_factor <= 1.0, "offload.cache_load_factor", "must be in (0, 1]")
-        _check(self.cache_algorithm in ("lru", "lfu"), "offload.cache_algorithm",
-               f"got {self.cache_algorithm!r}; use lru or lfu")
+        _check(
+            self.cache_algorithm in ("lru", "lfu"),
+            "offload.cache_algorithm",
+            f"got {self.cache_algorithm!r}; use lru or lfu",
+        )
 
 
 @dataclass
@@ -640,8 +828,11 @@ class WandbSink:
     mode: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(self.mode in (None, "online", "offline", "disabled"), "logger.wandb.mode",
-               f"got {self.mode!r}; use online, offline, disabled or null")
+        _check(
+            self.mode in (None, "online", "offline", "disabled"),
+            "logger.wandb.mode",
+            f"got {self.mode!r}; use online, offline, disabled or null",
+        )
 
 
 @dataclass
@@ -656,8 +847,9 @@ class MlperfSink:
     submission_status: str = "research"
 
     def __post_init__(self) -> None:
-        _check(self.submission_division in ("open", "closed"), "logger.mlperf.submission_division",
-               "use open or closed")
+        _check(
+            self.submission_division in ("open", "closed"), "logger.mlperf.submission_division", "use open or closed"
+        )
 
 
 @dataclass
@@ -686,13 +878,13 @@ class LoggerConfig:
 @dataclass
 class TrainerConfig:
     """Fields:
-        epochs: passes over the training split.
-        max_steps: stop after this many optimizer steps (null: run all epochs).
-        on_nonfinite: a NaN or inf training loss ``stop``s the run (the default) with the step, the batch's
-            position in its file and the last finite metrics. ``skip_batch`` also drops, without stopping, batches
-            whose inputs (dense features, labels) are not finite: their loss is multiplied by 0 on the device, so
-            they leave weights and optimizer state unchanged; a non-finite loss from finite inputs (divergence)
-            still stops the run, since the update has already been applied by the fused optimizer.
+    epochs: passes over the training split.
+    max_steps: stop after this many optimizer steps (null: run all epochs).
+    on_nonfinite: a NaN or inf training loss ``stop``s the run (the default) with the step, the batch's
+        position in its file and the last finite metrics. ``skip_batch`` also drops, without stopping, batches
+        whose inputs (dense features, labels) are not finite: their loss is multiplied by 0 on the device, so
+        they leave weights and optimizer state unchanged; a non-finite loss from finite inputs (divergence)
+        still stops the run, since the update has already been applied by the fused optimizer.
     """
 
     epochs: int = 1
@@ -700,8 +892,11 @@ class TrainerConfig:
     on_nonfinite: str = "stop"
 
     def __post_init__(self) -> None:
-        _check(self.on_nonfinite in ("stop", "skip_batch"), "trainer.on_nonfinite",
-               f"got {self.on_nonfinite!r}; use stop or skip_batch")
+        _check(
+            self.on_nonfinite in ("stop", "skip_batch"),
+            "trainer.on_nonfinite",
+            f"got {self.on_nonfinite!r}; use stop or skip_batch",
+        )
         _check(self.epochs > 0, "trainer.epochs", "must be positive")
         _check(self.max_steps is None or self.max_steps > 0, "trainer.max_steps", "must be positive or null")
 
@@ -709,16 +904,16 @@ class TrainerConfig:
 @dataclass
 class EvalConfig:
     """Fields:
-        every_n_steps: validate every this many steps (null: see ``per_epoch``).
-        per_epoch: validate this many times per epoch, every ``floor(steps_per_epoch / per_epoch)`` steps (MLPerf:
-            20, i.e. every floor(train samples / (global batch x 20)) steps). Exclusive with ``every_n_steps``.
-        at_end: validate after the last step; the test split (if any) is scored once, at the end.
-        batch_size: per-rank evaluation batch (null: ``data.batch_size``).
-        target_auc: stop training once validation AUC reaches this (MLPerf: 0.80275); null: never.
-        auc_method: ``exact`` gathers all predictions to every rank (equals sklearn; memory O(rows));
-            ``histogram`` counts predictions per float32 bucket of relative width 2^-13 and all-reduces 16 MB of
-            counts (error <= 1e-4 against sklearn, tested; bounded memory for MLPerf's 89 M rows); ``auto``: exact
-            up to 16 M evaluation rows, histogram above.
+    every_n_steps: validate every this many steps (null: see ``per_epoch``).
+    per_epoch: validate this many times per epoch, every ``floor(steps_per_epoch / per_epoch)`` steps (MLPerf:
+        20, i.e. every floor(train samples / (global batch x 20)) steps). Exclusive with ``every_n_steps``.
+    at_end: validate after the last step; the test split (if any) is scored once, at the end.
+    batch_size: per-rank evaluation batch (null: ``data.batch_size``).
+    target_auc: stop training once validation AUC reaches this (MLPerf: 0.80275); null: never.
+    auc_method: ``exact`` gathers all predictions to every rank (equals sklearn; memory O(rows));
+        ``histogram`` counts predictions per float32 bucket of relative width 2^-13 and all-reduces 16 MB of
+        counts (error <= 1e-4 against sklearn, tested; bounded memory for MLPerf's 89 M rows); ``auto``: exact
+        up to 16 M evaluation rows, histogram above.
     """
 
     every_n_steps: Optional[int] = None
@@ -729,15 +924,20 @@ class EvalConfig:
     auc_method: str = "auto"
 
     def __post_init__(self) -> None:
-        _check(self.every_n_steps is None or self.every_n_steps > 0, "eval.every_n_steps",
-               "must be positive or null")
+        _check(self.every_n_steps is None or self.every_n_steps > 0, "eval.every_n_steps", "must be positive or null")
         _check(self.per_epoch is None or self.per_epoch > 0, "eval.per_epoch", "must be positive or null")
-        _check(self.every_n_steps is None or self.per_epoch is None, "eval.per_epoch",
-               "set either eval.every_n_steps or eval.per_epoch, not both (null the other)")
+        _check(
+            self.every_n_steps is None or self.per_epoch is None,
+            "eval.per_epoch",
+            "set either eval.every_n_steps or eval.per_epoch, not both (null the other)",
+        )
         _check(self.batch_size is None or self.batch_size > 0, "eval.batch_size", "must be positive or null")
         _check(self.target_auc is None or 0.5 < self.target_auc <= 1.0, "eval.target_auc", "must be in (0.5, 1]")
-        _check(self.auc_method in ("auto", "exact", "histogram"), "eval.auc_method",
-               f"got {self.auc_method!r}; use auto, exact or histogram")
+        _check(
+            self.auc_method in ("auto", "exact", "histogram"),
+            "eval.auc_method",
+            f"got {self.auc_method!r}; use auto, exact or histogram",
+        )
 
 
 @dataclass
@@ -765,8 +965,11 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         _check(self.every_n_steps >= 0, "checkpoint.every_n_steps", "must be >= 0 (0: save only on SIGTERM)")
-        _check(self.keep_last is None or self.keep_last >= 1, "checkpoint.keep_last",
-               "must be >= 1, or null to keep every checkpoint")
+        _check(
+            self.keep_last is None or self.keep_last >= 1,
+            "checkpoint.keep_last",
+            "must be >= 1, or null to keep every checkpoint",
+        )
         _check(bool(self.resume), "checkpoint.resume", "use auto, none, or the path of a step_<N> directory")
 
 
@@ -799,18 +1002,26 @@ class Config:
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"got {self.device!r}; use auto, cpu or cuda")
         _check(self.profile_wait_steps >= 0, "profile_wait_steps", "must be >= 0")
         _check(self.profile_steps > 0, "profile_steps", "must be positive")
-        _check(self.perf.dcn_residual_dtype == "fp32" or self.model.interaction == "dcn", "perf.dcn_residual_dtype",
-               f"autocast sets the dtype of the DCN cross layers, and model.interaction={self.model.interaction} "
-               f"has none; use perf.dcn_residual_dtype=fp32 or model.interaction=dcn")
-        _check(self.sharding.data_parallel_max_rows is None or self.perf.embedding_dtype == "fp32",
-               "sharding.data_parallel_max_rows",
-               f"data_parallel tables are stepped by the dense optimizer in fp32, and perf.embedding_dtype="
-               f"{self.perf.embedding_dtype} gives them half-precision weights; set perf.embedding_dtype=fp32 or "
-               f"sharding.data_parallel_max_rows=null")
+        _check(
+            self.perf.dcn_residual_dtype == "fp32" or self.model.interaction == "dcn",
+            "perf.dcn_residual_dtype",
+            f"autocast sets the dtype of the DCN cross layers, and model.interaction={self.model.interaction} "
+            f"has none; use perf.dcn_residual_dtype=fp32 or model.interaction=dcn",
+        )
+        _check(
+            self.sharding.data_parallel_max_rows is None or self.perf.embedding_dtype == "fp32",
+            "sharding.data_parallel_max_rows",
+            f"data_parallel tables are stepped by the dense optimizer in fp32, and perf.embedding_dtype="
+            f"{self.perf.embedding_dtype} gives them half-precision weights; set perf.embedding_dtype=fp32 or "
+            f"sharding.data_parallel_max_rows=null",
+        )
         if self.offload.name == "uvm_caching":
-            _check(self.pipeline.name == "prefetch", "pipeline.name",
-                   f"offload=uvm_caching trains with the prefetch pipeline (cache rows of batch i+1 fetched during "
-                   f"batch i), got pipeline={self.pipeline.name}; add pipeline=prefetch")
+            _check(
+                self.pipeline.name == "prefetch",
+                "pipeline.name",
+                f"offload=uvm_caching trains with the prefetch pipeline (cache rows of batch i+1 fetched during "
+                f"batch i), got pipeline={self.pipeline.name}; add pipeline=prefetch",
+            )
 
 
 def register_configs() -> None:
@@ -824,8 +1035,10 @@ def _reject_unknown_keys(node: Any, schema: Any, prefix: str) -> None:
     for key in node.keys():
         path = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"config key `{path}` is not a known setting; the keys of `{prefix.rstrip('.') or 'the top level'}`"
-                              f" are: {', '.join(sorted(names))}")
+            raise ConfigError(
+                f"config key `{path}` is not a known setting; the keys of `{prefix.rstrip('.') or 'the top level'}`"
+                f" are: {', '.join(sorted(names))}"
+            )
         ftype = names[key].default_factory if names[key].default_factory is not dataclasses.MISSING else None
         if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
             _reject_unknown_keys(node[key], ftype, path + ".")

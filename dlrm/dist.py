@@ -58,11 +58,17 @@ def _warn_shared_store_restarts(rank: int) -> None:
     connectFullMesh failed ... Connection refused`` (NCCL: ``socketPollConnect ... Connection refused``).
     Reproduced with torch 2.13 + gloo in a 2-process script; pytorch/pytorch#135712, #167288. The fix is in the
     launcher's environment, so here only a warning."""
-    if (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and rank == 0):
-        warnings.warn("torchrun --max-restarts with the shared rendezvous store: a restarted worker may fail to "
-                      "connect to its peers (pytorch/pytorch#135712); export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
-                      "before torchrun (the torchx component launch/components.py:trainer sets it)", stacklevel=3)
+    if (
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+        and rank == 0
+    ):
+        warnings.warn(
+            "torchrun --max-restarts with the shared rendezvous store: a restarted worker may fail to "
+            "connect to its peers (pytorch/pytorch#135712); export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "before torchrun (the torchx component launch/components.py:trainer sets it)",
+            stacklevel=3,
+        )
 
 
 def init_distributed(device_name: str = "auto") -> DistInfo:
@@ -80,8 +86,9 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
                 raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is unset: launch with torchrun or torchx")
             os.environ["MASTER_ADDR"] = "127.0.0.1"
             os.environ["MASTER_PORT"] = str(_free_port())
-        dist.init_process_group(backend=backend, rank=rank, world_size=world,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend, rank=rank, world_size=world, device_id=device if device.type == "cuda" else None
+        )
     return DistInfo(rank, world, local_rank, local_world, device, backend)
 
 

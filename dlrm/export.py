@@ -40,10 +40,13 @@ def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
     """
     path = _checkpoint_dir(path)
     meta = FileSystemReader(path).read_metadata().state_dict_metadata
-    sd = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in meta.items()
-          if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    sd = {
+        k: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for k, md in meta.items()
+        if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+    }
     dcp.load(sd, checkpoint_id=path, no_dist=True)
-    return {k[len(prefix):]: v for k, v in sd.items()}
+    return {k[len(prefix) :]: v for k, v in sd.items()}
 
 
 def export(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:

@@ -86,8 +86,14 @@ class MetricsLogger:
         run_config: the resolved config as a dict, given to wandb.
     """
 
-    def __init__(self, run_dir: str, is_main: bool, cfg: Any = None, total_steps: int = 0,
-                 run_config: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        is_main: bool,
+        cfg: Any = None,
+        total_steps: int = 0,
+        run_config: Optional[Dict[str, Any]] = None,
+    ) -> None:
         self.is_main = is_main
         self.stdout = bool(cfg.stdout.enabled) if cfg is not None else True
         self._f = None
@@ -111,8 +117,14 @@ class MetricsLogger:
         if cfg.wandb.enabled:
             import wandb
 
-            self._wandb = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, name=cfg.wandb.name,
-                                     mode=cfg.wandb.mode, dir=run_dir, config=run_config or {})
+            self._wandb = wandb.init(
+                project=cfg.wandb.project,
+                entity=cfg.wandb.entity,
+                name=cfg.wandb.name,
+                mode=cfg.wandb.mode,
+                dir=run_dir,
+                config=run_config or {},
+            )
 
     def advance(self, n: int = 1) -> None:
         """Move the progress bar by ``n`` steps."""
@@ -131,8 +143,11 @@ class MetricsLogger:
         self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self._f.flush()
         self.log_line(line or " | ".join(f"{k} {v}" for k, v in record.items()))
-        scalars = {k: float(v) for k, v in record.items()
-                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {
+            k: float(v)
+            for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         step = int(record.get("step", 0))
         if self._tb is not None:
             for k, v in scalars.items():

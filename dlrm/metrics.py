@@ -135,13 +135,15 @@ class EvalAccumulator:
             logits, labels = logits[keep], labels[keep]
         probs = torch.sigmoid(logits)
         bce = torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double(), reduction="sum")
-        self.sums += torch.stack([
-            bce,
-            torch.tensor(float(labels.numel()), dtype=torch.float64, device=self.device),
-            labels.double().sum(),
-            probs.double().sum(),
-            ((probs >= 0.5).double() == labels.double()).double().sum(),
-        ])
+        self.sums += torch.stack(
+            [
+                bce,
+                torch.tensor(float(labels.numel()), dtype=torch.float64, device=self.device),
+                labels.double().sum(),
+                probs.double().sum(),
+                ((probs >= 0.5).double() == labels.double()).double().sum(),
+            ]
+        )
         if self.hist is not None:
             self.hist.update(probs, labels)
         else:

@@ -55,8 +55,18 @@ class MlperfLogger:
             self._m.event(key=self.c.SUBMISSION_STATUS, value=self.cfg.submission_status)
             self._m.event(key=self.c.SUBMISSION_PLATFORM, value=self.cfg.submission_platform)
 
-    def hyperparameters(self, *, global_batch: int, lr: float, eps: float, warmup: int, decay_start: int,
-                        decay_steps: int, train_samples: int, eval_samples: int) -> None:
+    def hyperparameters(
+        self,
+        *,
+        global_batch: int,
+        lr: float,
+        eps: float,
+        warmup: int,
+        decay_start: int,
+        decay_steps: int,
+        train_samples: int,
+        eval_samples: int,
+    ) -> None:
         if not self.on:
             return
         c = self.c
@@ -85,8 +95,10 @@ class MlperfLogger:
 
     def block_start(self, epoch_num: float, samples: int) -> None:
         if self.on:
-            self._m.start(key=self.c.BLOCK_START, metadata={"first_epoch_num": epoch_num, "epoch_count": 1,
-                                                             "samples_count": samples})
+            self._m.start(
+                key=self.c.BLOCK_START,
+                metadata={"first_epoch_num": epoch_num, "epoch_count": 1, "samples_count": samples},
+            )
 
     def block_stop(self, epoch_num: float, samples: int) -> None:
         if self.on:

@@ -85,8 +85,13 @@ class _FromRankBlocks(torch.autograd.Function):
     output dist's ``cat`` forward and its regrouping pass backward (docs/benchmarks.md, ninth session)."""
 
     @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, rows: torch.Tensor, inv_rows: torch.Tensor,  # type: ignore[override]
-                grad_divisor: int) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        inv_rows: torch.Tensor,  # type: ignore[override]
+        grad_divisor: int,
+    ) -> torch.Tensor:
         ctx.save_for_backward(inv_rows)
         ctx.shape, ctx.grad_divisor = values.shape, grad_divisor
         b = values.size(0)
@@ -144,14 +149,16 @@ class ZeroCopySparseArch(SparseArch):
         if blocks is not None:
             order = self._block_order(tuple(keys), same_dims, blocks, kt.values())
             how = "gathered from the output dist's receive buffer (rank blocks) " + (
-                "inside the dense step" if in_key_order else "by one gather")
+                "inside the dense step" if in_key_order else "by one gather"
+            )
             values = kt.values()
         elif same_dims and keys == self.sparse_feature_names:
             values, order, how = kt.values().reshape(-1, self.F, self.D), None, "in place (no copy)"
         elif same_dims and sorted(keys) == sorted(self.sparse_feature_names):
             values, order = kt.values().reshape(-1, self.F, self.D), self._order(tuple(keys), kt.values().device)
-            how = (f"in the plan's key order ({', '.join(keys[:3])}, ...), reordered " +
-                   ("inside the dense step" if in_key_order else "by one gather"))
+            how = f"in the plan's key order ({', '.join(keys[:3])}, ...), reordered " + (
+                "inside the dense step" if in_key_order else "by one gather"
+            )
         else:
             sparse = kt.to_dict()
             values = torch.cat([sparse[n] for n in self.sparse_feature_names], dim=1).reshape(-1, self.F, self.D)
@@ -161,8 +168,7 @@ class ZeroCopySparseArch(SparseArch):
             log.info("sparse arch: pooled embeddings used %s", how)
         return (values, order) if in_key_order else to_feature_order(values, order)
 
-    def _block_order(self, keys: Tuple[str, ...], same_dims: bool, blocks: Any, values: torch.Tensor
-                     ) -> BlockOrder:
+    def _block_order(self, keys: Tuple[str, ...], same_dims: bool, blocks: Any, values: torch.Tensor) -> BlockOrder:
         """``(rows, inv_rows, grad_divisor)`` for :class:`_FromRankBlocks`; cached per layout and batch size.
 
         Raises:
@@ -171,13 +177,18 @@ class ZeroCopySparseArch(SparseArch):
         """
         b, dims = values.size(0), tuple(blocks.dims)
         per_rank = [d // self.D for d in dims]
-        if not (same_dims and sorted(keys) == sorted(self.sparse_feature_names)
-                and all(d % self.D == 0 for d in dims) and sum(per_rank) == len(keys)):
+        if not (
+            same_dims
+            and sorted(keys) == sorted(self.sparse_feature_names)
+            and all(d % self.D == 0 for d in dims)
+            and sum(per_rank) == len(keys)
+        ):
             raise RuntimeError(
                 f"perf.lean_output_dist: pooled embeddings arrived in rank blocks of dims {list(dims)} with keys "
                 f"{list(keys)[:4]}...; the sparse arch can gather them only when every key is one of the model's "
                 f"{self.F} features of dim {self.D} and each rank holds whole features (a table_wise plan); set "
-                "perf.lean_output_dist=false or use a table_wise plan")
+                "perf.lean_output_dist=false or use a table_wise plan"
+            )
         cache = self.__dict__.setdefault("_block_orders", {})
         key = (keys, dims, b, values.device)
         if key not in cache:
@@ -189,8 +200,10 @@ class ZeroCopySparseArch(SparseArch):
                 row += b * n
             pos = [keys.index(n) for n in self.sparse_feature_names]
             sample = torch.arange(b, dtype=torch.long)[:, None]
-            rows = (torch.tensor([first_row[p] for p in pos])[None, :]
-                    + sample * torch.tensor([per_rank[rank_of[p]] for p in pos])[None, :]).reshape(-1)
+            rows = (
+                torch.tensor([first_row[p] for p in pos])[None, :]
+                + sample * torch.tensor([per_rank[rank_of[p]] for p in pos])[None, :]
+            ).reshape(-1)
             inv_rows = torch.empty_like(rows)
             inv_rows[rows] = torch.arange(rows.numel())
             cache[key] = (rows.to(values.device), inv_rows.to(values.device), int(blocks.grad_divisor))
@@ -259,20 +272,29 @@ class DLRMTrainAutocast(DLRMTrain):
         self.compiled_parts: List[str] = []
         self.cuda_graphs = False  # compile_dense in a CUDA-graph mode
 
-    def dense_logits(self, dense: torch.Tensor, embedded: torch.Tensor,
-                     order: Optional[Union[FeatureOrder, BlockOrder]] = None) -> torch.Tensor:
+    def dense_logits(
+        self, dense: torch.Tensor, embedded: torch.Tensor, order: Optional[Union[FeatureOrder, BlockOrder]] = None
+    ) -> torch.Tensor:
         """float32 logits ``[B]`` from dense features ``[B, 13]`` and pooled embeddings ``[B, F, D]`` (in feature
         order, or in another order or layout given by ``order``: :func:`to_feature_order`)."""
         net = self.model
         embedded = to_feature_order(embedded, order)
-        amp = (torch.autocast(self.device_type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
-               else contextlib.nullcontext())
+        amp = (
+            torch.autocast(self.device_type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
         with amp:
             out = net.over_arch(net.inter_arch(dense_features=net.dense_arch(dense), sparse_features=embedded))
         return out.squeeze(-1).float()
 
-    def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor,
-                   order: Optional[Union[FeatureOrder, BlockOrder]] = None) -> Tuple[torch.Tensor, ...]:
+    def dense_step(
+        self,
+        dense: torch.Tensor,
+        embedded: torch.Tensor,
+        labels: torch.Tensor,
+        order: Optional[Union[FeatureOrder, BlockOrder]] = None,
+    ) -> Tuple[torch.Tensor, ...]:
         """``(loss, logits, labels)``: everything after the lookup; the part :func:`compile_dense` compiles."""
         logits = self.dense_logits(dense, embedded, order)
         return self.loss_fn(logits, labels.float()), logits, labels
@@ -303,8 +325,13 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
     Returns ``(loss, (loss, logits, labels, ok))`` with ``ok`` a bool scalar tensor (False: batch skipped).
     """
 
-    def dense_step(self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor,
-                   order: Optional[Union[FeatureOrder, BlockOrder]] = None) -> Tuple[torch.Tensor, ...]:
+    def dense_step(
+        self,
+        dense: torch.Tensor,
+        embedded: torch.Tensor,
+        labels: torch.Tensor,
+        order: Optional[Union[FeatureOrder, BlockOrder]] = None,
+    ) -> Tuple[torch.Tensor, ...]:
         labels = labels.float()
         ok = torch.isfinite(dense).all() & ((labels == 0) | (labels == 1)).all()
         dense = torch.where(torch.isfinite(dense), dense, torch.zeros_like(dense))
@@ -314,9 +341,13 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
         return loss, logits, labels, ok
 
 
-def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
-                table_device: torch.device = torch.device("meta"), skip_nonfinite: bool = False,
-                perf: Optional[PerfConfig] = None) -> DLRMTrain:
+def build_model(
+    cfg: ModelConfig,
+    dense_device: Optional[torch.device] = None,
+    table_device: torch.device = torch.device("meta"),
+    skip_nonfinite: bool = False,
+    perf: Optional[PerfConfig] = None,
+) -> DLRMTrain:
     """Build the unsharded model.
 
     Args:
@@ -361,9 +392,11 @@ def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
     if perf.dcn_residual_dtype == "autocast":
         crossnet = getattr(net.inter_arch, "crossnet", None)
         if type(crossnet) is not LowRankCrossNet:
-            raise ConfigError(f"config key `perf.dcn_residual_dtype`: autocast replaces TorchRec's LowRankCrossNet, "
-                              f"and this model's cross network is {type(crossnet).__name__}; use "
-                              f"perf.dcn_residual_dtype=fp32")
+            raise ConfigError(
+                f"config key `perf.dcn_residual_dtype`: autocast replaces TorchRec's LowRankCrossNet, "
+                f"and this model's cross network is {type(crossnet).__name__}; use "
+                f"perf.dcn_residual_dtype=fp32"
+            )
         crossnet.__class__ = AutocastLowRankCrossNet  # forward only: no state of its own, same parameters
     cls = DLRMTrainSkipNonFinite if skip_nonfinite else DLRMTrainAutocast
     amp = None if perf.autocast == "none" else TORCH_DTYPES[perf.autocast]
@@ -373,8 +406,9 @@ def build_model(cfg: ModelConfig, dense_device: Optional[torch.device] = None,
 DENSE_MODULES = ("dense_arch", "inter_arch", "over_arch")
 
 
-def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False,
-                  ddp_split: bool = True) -> List[str]:
+def compile_dense(
+    train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False, ddp_split: bool = True
+) -> List[str]:
     """``torch.compile`` everything after the lookup as one compiled region (``perf.compile``; under DDP, dynamo
     splits it at the gradient buckets, below): the dense arch, the interaction, the over arch and the loss
     (:meth:`DLRMTrainAutocast.dense_step`).
@@ -429,10 +463,16 @@ def compile_dense(train_model: torch.nn.Module, mode: str = "default", coordinat
     torch._dynamo.reset()
     train_model.compiled_step = torch.compile(train_model.dense_step, mode=None if mode == "default" else mode)
     train_model.cuda_graphs = mode in ("reduce-overhead", "max-autotune")
-    train_model.compiled_parts = [f"model.{n}" for n in DENSE_MODULES if getattr(train_model.model, n, None)
-                                  is not None] + ["loss"]
-    log.info("torch.compile (mode %s%s): %s as one region, %s", mode,
-             ", coordinate descent tuning" if coordinate_descent_tuning else "", ", ".join(train_model.compiled_parts),
-             "split at DDP's gradient buckets (one piece where the dense side fits one bucket)" if ddp_split
-             else "one unsplit graph")
+    train_model.compiled_parts = [
+        f"model.{n}" for n in DENSE_MODULES if getattr(train_model.model, n, None) is not None
+    ] + ["loss"]
+    log.info(
+        "torch.compile (mode %s%s): %s as one region, %s",
+        mode,
+        ", coordinate descent tuning" if coordinate_descent_tuning else "",
+        ", ".join(train_model.compiled_parts),
+        "split at DDP's gradient buckets (one piece where the dense side fits one bucket)"
+        if ddp_split
+        else "one unsplit graph",
+    )
     return train_model.compiled_parts

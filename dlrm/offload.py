@@ -32,8 +32,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from dlrm.config import ConfigError, OffloadConfig
 
-KERNELS = {"uvm": EmbeddingComputeKernel.FUSED_UVM.value,
-           "uvm_caching": EmbeddingComputeKernel.FUSED_UVM_CACHING.value}
+KERNELS = {"uvm": EmbeddingComputeKernel.FUSED_UVM.value, "uvm_caching": EmbeddingComputeKernel.FUSED_UVM_CACHING.value}
 ALGORITHMS = {"lru": CacheAlgorithm.LRU, "lfu": CacheAlgorithm.LFU}
 FP32_BYTES = 4
 
@@ -48,13 +47,12 @@ def offloaded_tables(cfg: OffloadConfig, tables: Sequence[EmbeddingBagConfig]) -
     ``min_table_rows`` rows and ``min_table_mb`` MiB of fp32 weights."""
     if cfg.name == "none":
         return []
-    return [t.name for t in tables
-            if t.num_embeddings >= cfg.min_table_rows and table_mib(t) >= cfg.min_table_mb]
+    return [t.name for t in tables if t.num_embeddings >= cfg.min_table_rows and table_mib(t) >= cfg.min_table_mb]
 
 
-def offload_constraints(cfg: OffloadConfig, tables: Sequence[EmbeddingBagConfig],
-                        base: Optional[Dict[str, ParameterConstraints]] = None
-                        ) -> Optional[Dict[str, ParameterConstraints]]:
+def offload_constraints(
+    cfg: OffloadConfig, tables: Sequence[EmbeddingBagConfig], base: Optional[Dict[str, ParameterConstraints]] = None
+) -> Optional[Dict[str, ParameterConstraints]]:
     """Planner constraints that put the offloaded tables on ``fused_uvm`` / ``fused_uvm_caching``.
 
     Args:
@@ -72,8 +70,9 @@ def offload_constraints(cfg: OffloadConfig, tables: Sequence[EmbeddingBagConfig]
     out = dict(base or {})
     cache = None
     if cfg.name == "uvm_caching":
-        cache = CacheParams(algorithm=ALGORITHMS[cfg.cache_algorithm], load_factor=cfg.cache_load_factor,
-                            prefetch_pipeline=True)
+        cache = CacheParams(
+            algorithm=ALGORITHMS[cfg.cache_algorithm], load_factor=cfg.cache_load_factor, prefetch_pipeline=True
+        )
     for name in names:
         prev = out.get(name) or ParameterConstraints()
         out[name] = dataclasses.replace(prev, compute_kernels=[KERNELS[cfg.name]], cache_params=cache)
@@ -90,7 +89,8 @@ def check_can_train(cfg: OffloadConfig, device: torch.device) -> None:
         raise ConfigError(
             f"config key `offload.name`: offload={cfg.name} needs CUDA to train (FBGEMM's {KERNELS[cfg.name]} "
             f"kernels keep tables in host memory mapped into a GPU), but this run is on {device.type}; use "
-            "offload=none on CPU (plans and dry runs accept it)")
+            "offload=none on CPU (plans and dry runs accept it)"
+        )
 
 
 def demo_plan(world_size: int = 1, hbm_gb: float = 140.0) -> None:
@@ -101,11 +101,18 @@ def demo_plan(world_size: int = 1, hbm_gb: float = 140.0) -> None:
     from dlrm.config import ModelConfig
     from dlrm.model import build_model, table_configs
 
-    mc = ModelConfig(name="dlrm_v2", embedding_dim=128, row_cap=None, dense_arch_layer_sizes=[512, 256, 128],
-                     over_arch_layer_sizes=[1024, 1024, 512, 256, 1], dcn_low_rank_dim=512)
+    mc = ModelConfig(
+        name="dlrm_v2",
+        embedding_dim=128,
+        row_cap=None,
+        dense_arch_layer_sizes=[512, 256, 128],
+        over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+        dcn_low_rank_dim=512,
+    )
     oc = OffloadConfig(name="uvm_caching", min_table_rows=1_000_000, cache_load_factor=0.2)
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world_size, compute_device="cuda", hbm_cap=int(hbm_gb * 2**30)),
-        constraints=offload_constraints(oc, table_configs(mc)))
+        constraints=offload_constraints(oc, table_configs(mc)),
+    )
     plan = planner.plan(build_model(mc), get_default_sharders())
     print(plan)

@@ -116,15 +116,26 @@ class _LeanPooledReq(torch.autograd.Function):
     consumer's gather)."""
 
     @staticmethod
-    def forward(ctx: Any, pg: dist.ProcessGroup, myreq: comm_ops.Request, splits: Splits,  # type: ignore[override]
-                local_embs: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        pg: dist.ProcessGroup,
+        myreq: comm_ops.Request,
+        splits: Splits,  # type: ignore[override]
+        local_embs: torch.Tensor,
+    ) -> torch.Tensor:
         batch, dims = splits
         me = dist.get_rank(pg)
         flat = local_embs.contiguous().view(-1)  # the lookup output is contiguous: a view, no copy
         out = torch.empty(batch[me] * sum(dims), dtype=flat.dtype, device=flat.device)
         with record_function("## lean_pooled_a2a_fwd ##"):
-            work = dist.all_to_all_single(out, flat, output_split_sizes=[batch[me] * d for d in dims],
-                                          input_split_sizes=[dims[me] * b for b in batch], group=pg, async_op=True)
+            work = dist.all_to_all_single(
+                out,
+                flat,
+                output_split_sizes=[batch[me] * d for d in dims],
+                input_split_sizes=[dims[me] * b for b in batch],
+                group=pg,
+                async_op=True,
+            )
         myreq.req, myreq.tensor, myreq.a2ai, myreq.wait_function = work, out, splits, _LeanPooledWait
         ctx.myreq, ctx.pg = myreq, pg
         return myreq.dummy_tensor
@@ -149,8 +160,12 @@ class _LeanPooledWait(torch.autograd.Function):
     receive buffer is returned as is, and its gradient arrives in the send layout, already divided."""
 
     @staticmethod
-    def forward(ctx: Any, pg: dist.ProcessGroup, myreq: comm_ops.Request,  # type: ignore[override]
-                *dummy: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        pg: dist.ProcessGroup,
+        myreq: comm_ops.Request,  # type: ignore[override]
+        *dummy: torch.Tensor,
+    ) -> torch.Tensor:
         # set up for it (_lean_forward) and read by a caller that knows the layout (accepting_rank_blocks)
         rank_blocks = getattr(myreq, RANK_BLOCKS_ATTR, False) and getattr(_ACCEPTING, "on", False)
         myreq.req.wait()
@@ -185,16 +200,22 @@ class _LeanPooledWait(torch.autograd.Function):
             world = _grad_divisor(pg)
             off = col = 0
             for d in dims:
-                block = send[off:off + b * d].view(b, d)
+                block = send[off : off + b * d].view(b, d)
                 if world > 1:
-                    torch.div(grad[:, col:col + d], world, out=block)
+                    torch.div(grad[:, col : col + d], world, out=block)
                 else:
-                    block.copy_(grad[:, col:col + d])
+                    block.copy_(grad[:, col : col + d])
                 off, col = off + b * d, col + d
         recv = torch.empty(sum(batch) * dims[me], dtype=grad.dtype, device=grad.device)
         with record_function("## lean_pooled_a2a_bwd ##"):
-            work = dist.all_to_all_single(recv, send, output_split_sizes=[dims[me] * n for n in batch],
-                                          input_split_sizes=[b * d for d in dims], group=pg, async_op=True)
+            work = dist.all_to_all_single(
+                recv,
+                send,
+                output_split_sizes=[dims[me] * n for n in batch],
+                input_split_sizes=[b * d for d in dims],
+                group=pg,
+                async_op=True,
+            )
         myreq.req, myreq.tensor = work, recv
         listener = getattr(myreq, A2A_LISTENER_ATTR, None)
         if listener is not None:  # e.g. DDP's held all-reduce (dlrm.comms.AllReduceAfterOutputDist)
@@ -208,8 +229,9 @@ def _grad_divisor(pg: dist.ProcessGroup) -> int:
     return dist.get_world_size(pg) if comm_ops.GRADIENT_DIVISION else 1
 
 
-def _lean_forward(self: PooledEmbeddingsAllToAll, local_embs: torch.Tensor,
-                  batch_size_per_rank: Optional[Sequence[int]] = None) -> PooledEmbeddingsAwaitable:
+def _lean_forward(
+    self: PooledEmbeddingsAllToAll, local_embs: torch.Tensor, batch_size_per_rank: Optional[Sequence[int]] = None
+) -> PooledEmbeddingsAwaitable:
     """``PooledEmbeddingsAllToAll.forward`` through :class:`_LeanPooledReq` / :class:`_LeanPooledWait`; the cases
     those do not cover (quantized communication, sync collectives, one rank) take TorchRec's forward."""
     pg = self._pg
@@ -219,8 +241,10 @@ def _lean_forward(self: PooledEmbeddingsAllToAll, local_embs: torch.Tensor,
     if not batch_size_per_rank:
         b_global = local_embs.size(0)
         if b_global % world:
-            raise ValueError(f"pooled embeddings of {b_global} samples cannot be split evenly over {world} ranks; "
-                             f"use a global batch size divisible by the world size")
+            raise ValueError(
+                f"pooled embeddings of {b_global} samples cannot be split evenly over {world} ranks; "
+                f"use a global batch size divisible by the world size"
+            )
         batch_size_per_rank = [b_global // world] * world
     myreq = comm_ops.Request(pg, device=local_embs.device)
     # rank-block layout (RankBlocks) only without callbacks: a callback would read the tensor as [B, D]
@@ -236,8 +260,10 @@ def check_private_names(module: torch.nn.Module, names: Sequence[str] = PRIVATE_
     """Raise ``RuntimeError`` naming the attribute when a TorchRec upgrade renamed one this module reads."""
     for name in names:
         if not hasattr(module, name):
-            raise RuntimeError(f"perf.lean_output_dist: torchrec's {type(module).__name__} has no `{name}` in this "
-                               f"version; set perf.lean_output_dist=false (dlrm/output_dist.py needs updating)")
+            raise RuntimeError(
+                f"perf.lean_output_dist: torchrec's {type(module).__name__} has no `{name}` in this "
+                f"version; set perf.lean_output_dist=false (dlrm/output_dist.py needs updating)"
+            )
 
 
 def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
@@ -257,9 +283,11 @@ def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: An
 def _dist_classes() -> Dict[type, Tuple[str, str]]:
     """TorchRec's output dists that build a ``PooledEmbeddingsAllToAll`` on first use -> (their builder, the
     attribute holding the process group of that all-to-all). The row_wise dist (a reduce-scatter) is not one."""
-    return {TwPooledEmbeddingDist: (BUILDERS[0], "_pg"),  # table_wise, column_wise
-            TwRwPooledEmbeddingDist: (BUILDERS[1], "_cross_pg"),  # table_row_wise: the all-to-all across hosts
-            GridPooledEmbeddingDist: (BUILDERS[1], "_cross_pg")}  # grid_shard: the same
+    return {
+        TwPooledEmbeddingDist: (BUILDERS[0], "_pg"),  # table_wise, column_wise
+        TwRwPooledEmbeddingDist: (BUILDERS[1], "_cross_pg"),  # table_row_wise: the all-to-all across hosts
+        GridPooledEmbeddingDist: (BUILDERS[1], "_cross_pg"),
+    }  # grid_shard: the same
 
 
 def use_lean_output_dist(model: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
@@ -307,8 +335,13 @@ def use_lean_output_dist(model: torch.nn.Module, rank_blocks: bool = False, a2a_
             blocks = rank_blocks and len(ods) == 1 and type(od) is TwPooledEmbeddingDist
             _switch(od, blocks, a2a_listener)
 
-            def build_and_switch(*args: Any, _build: Any = getattr(od, builder), _od: torch.nn.Module = od,
-                                 _blocks: bool = blocks, **kwargs: Any) -> Any:
+            def build_and_switch(
+                *args: Any,
+                _build: Any = getattr(od, builder),
+                _od: torch.nn.Module = od,
+                _blocks: bool = blocks,
+                **kwargs: Any,
+            ) -> Any:
                 out = _build(*args, **kwargs)
                 _switch(_od, _blocks, a2a_listener)
                 return out

@@ -85,15 +85,20 @@ def check_pipeline_device(cfg: PipelineConfig, device: torch.device) -> None:
             thread-block cap (``pipeline.input_dist_max_ctas``) there.
     """
     if cfg.name in CUDA_ONLY and device.type != "cuda":
-        raise ConfigError(f"config key `pipeline.name`: pipeline={cfg.name} {CUDA_ONLY[cfg.name]} and needs CUDA, "
-                          f"but this run is on {device.type}; use pipeline=sparse_dist on CPU")
+        raise ConfigError(
+            f"config key `pipeline.name`: pipeline={cfg.name} {CUDA_ONLY[cfg.name]} and needs CUDA, "
+            f"but this run is on {device.type}; use pipeline=sparse_dist on CPU"
+        )
     if cfg.input_dist_max_ctas is not None and device.type != "cuda":
-        raise ConfigError(f"config key `pipeline.input_dist_max_ctas`: an NCCL communicator setting, and this run is "
-                          f"on {device.type} (gloo); drop it (pipeline.input_dist_max_ctas=null)")
+        raise ConfigError(
+            f"config key `pipeline.input_dist_max_ctas`: an NCCL communicator setting, and this run is "
+            f"on {device.type} (gloo); drop it (pipeline.input_dist_max_ctas=null)"
+        )
 
 
-def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                   cfg: PipelineConfig) -> TrainPipeline:
+def build_pipeline(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, cfg: PipelineConfig
+) -> TrainPipeline:
     """The configured TorchRec pipeline over a DMP-wrapped ``model``.
 
     With ``cfg.input_dist_group == "dedicated"`` this creates the dedicated process group (collective: call on
@@ -105,13 +110,19 @@ def build_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dev
     check_pipeline_device(cfg, device)
     if cfg.input_dist_group == "dedicated":
         n = use_group_for_input_dist(model, input_dist_group(cfg.input_dist_max_ctas))
-        log.info("input dist of %d sharded module(s) on a dedicated process group%s", n,
-                 "" if cfg.input_dist_max_ctas is None else f" (NCCL thread blocks <= {cfg.input_dist_max_ctas})")
+        log.info(
+            "input dist of %d sharded module(s) on a dedicated process group%s",
+            n,
+            "" if cfg.input_dist_max_ctas is None else f" (NCCL thread blocks <= {cfg.input_dist_max_ctas})",
+        )
     cls = PIPELINES[cfg.name]
     if cls is TrainPipelineBase:
         return cls(model, optimizer, device)
     if cls is TrainPipelineSemiSync:
-        log.info("semi-synchronous pipeline from batch %d: each batch's lookup reads the tables before the previous "
-                 "batch's update", cfg.semi_sync_start_batch)
+        log.info(
+            "semi-synchronous pipeline from batch %d: each batch's lookup reads the tables before the previous "
+            "batch's update",
+            cfg.semi_sync_start_batch,
+        )
         return cls(model, optimizer, device, execute_all_batches=True, start_batch=cfg.semi_sync_start_batch)
     return cls(model, optimizer, device, execute_all_batches=True)

@@ -62,12 +62,21 @@ def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Op
     batch = gb // world_size if gb else cfg.data.batch_size
     model = build_model(cfg.model, dense_device=torch.device("meta"), perf=cfg.perf)
     fuse_embedding_optimizer(model, cfg.optimizer)
-    pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
-               for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
+    pooling = {
+        f"t_{f}": float(m if cfg.data.multi_hot else 1) for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)
+    }
     tables = table_configs(cfg.model)
-    return plan_model(model, cfg.sharding, world_size=world_size, local_world_size=local, device=device,
-                      batch_size=batch, sparse_type=cfg.optimizer.sparse_type, pooling_factors=pooling,
-                      constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c))
+    return plan_model(
+        model,
+        cfg.sharding,
+        world_size=world_size,
+        local_world_size=local,
+        device=device,
+        batch_size=batch,
+        sparse_type=cfg.optimizer.sparse_type,
+        pooling_factors=pooling,
+        constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -81,8 +90,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     own, overrides = _split_args(args)
     try:
-        pi = plan_job(overrides, int(own.get("world_size", 1)),
-                      int(own["local_world_size"]) if "local_world_size" in own else None)
+        pi = plan_job(
+            overrides,
+            int(own.get("world_size", 1)),
+            int(own["local_world_size"]) if "local_world_size" in own else None,
+        )
     except (ConfigError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -25,8 +25,12 @@ from typing import Any, List, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-ARCHS = {"sparse_arch": "sparse_arch: lookup + output dist", "dense_arch": "dense_arch", "inter_arch": "inter_arch",
-         "over_arch": "over_arch"}
+ARCHS = {
+    "sparse_arch": "sparse_arch: lookup + output dist",
+    "dense_arch": "dense_arch",
+    "inter_arch": "inter_arch",
+    "over_arch": "over_arch",
+}
 COMPILED_DENSE = "dense step (compiled): dense_arch + inter_arch + over_arch + loss"
 
 
@@ -42,8 +46,16 @@ class StepProfiler:
         wait / active: ``profile_wait_steps`` and ``profile_steps``.
     """
 
-    def __init__(self, enabled: bool, out_dir: str, rank: int, model: torch.nn.Module, device: torch.device,
-                 wait: int, active: int) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        out_dir: str,
+        rank: int,
+        model: torch.nn.Module,
+        device: torch.device,
+        wait: int,
+        active: int,
+    ) -> None:
         self.enabled = enabled
         self.prof: Optional[profile] = None
         self._hooks: List[Any] = []
@@ -60,8 +72,12 @@ class StepProfiler:
             p.export_chrome_trace(path)
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        self.prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=1, active=active, repeat=1),
-                            on_trace_ready=on_ready, record_shapes=False)
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(wait=wait, warmup=1, active=active, repeat=1),
+            on_trace_ready=on_ready,
+            record_shapes=False,
+        )
         # perf.compile runs the dense arch, interaction, over arch and loss as one compiled graph: hooks inside it
         # would recompile the graph and their ranges would not show, so that graph gets one range around its call
         self._compiled = [m for m in model.modules() if getattr(m, "compiled_step", None) is not None]
@@ -79,6 +95,7 @@ class StepProfiler:
         def call(*args: Any) -> Any:
             with record_function(label):
                 return fn(*args)
+
         call.unlabelled = fn  # type: ignore[attr-defined]
         return call
 
@@ -87,6 +104,7 @@ class StepProfiler:
             rf = record_function(f"## {label} ##")
             rf.__enter__()
             self._ranges.append(rf)
+
         return hook
 
     def _exit(self, module: torch.nn.Module, args: Any, out: Any) -> None:

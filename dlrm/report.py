@@ -27,8 +27,7 @@ def load_run(run_dir: str) -> List[Dict[str, Any]]:
     """
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; pass a run directory of train.py "
-                                "(its hydra.run.dir)")
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; pass a run directory of train.py (its hydra.run.dir)")
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -66,12 +65,22 @@ def table(runs: Dict[str, List[Dict[str, Any]]]) -> str:
     rows = [head]
     for name, recs in runs.items():
         s = summarize(recs)
-        rows.append([name, _fmt(s["steps"], "d"), _fmt(s["samples"], ",d"), _fmt(s["final_auc"], ".4f"),
-                     _fmt(s["best_auc"], ".4f"), _fmt(s["test_auc"], ".4f"),
-                     _fmt(s["median_samples_per_s"], ",.0f"), _fmt(s["wall_s"], ".1f")])
+        rows.append(
+            [
+                name,
+                _fmt(s["steps"], "d"),
+                _fmt(s["samples"], ",d"),
+                _fmt(s["final_auc"], ".4f"),
+                _fmt(s["best_auc"], ".4f"),
+                _fmt(s["test_auc"], ".4f"),
+                _fmt(s["median_samples_per_s"], ",.0f"),
+                _fmt(s["wall_s"], ".1f"),
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows
+    )
 
 
 def plot(runs: Dict[str, List[Dict[str, Any]]], out: str) -> None:
@@ -81,18 +90,27 @@ def plot(runs: Dict[str, List[Dict[str, Any]]], out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("loss", "training loss", "loss"), ("val_auc", "validation AUC", "val_auc"),
-              ("val_logloss", "validation logloss", "val_logloss"), ("train_auc", "training AUC (window)",
-                                                                     "train_auc"),
-              ("samples_per_s", "samples/s (all ranks)", "samples_per_s"), ("lr", "learning rate", "lr")]
+    panels = [
+        ("loss", "training loss", "loss"),
+        ("val_auc", "validation AUC", "val_auc"),
+        ("val_logloss", "validation logloss", "val_logloss"),
+        ("train_auc", "training AUC (window)", "train_auc"),
+        ("samples_per_s", "samples/s (all ranks)", "samples_per_s"),
+        ("lr", "learning rate", "lr"),
+    ]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (key, title, _) in zip(axes.flat, panels):
         for name, recs in runs.items():
             pts = [(r.get("samples", 0), _num(r[key])) for r in recs if key in r]
             pts = [(x, y) for x, y in pts if y is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None,
-                        markersize=3, label=name)
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    marker="o" if len(pts) < 30 else None,
+                    markersize=3,
+                    label=name,
+                )
         ax.set_title(title)
         ax.set_xlabel("samples seen")
         ax.grid(alpha=0.3)

@@ -80,8 +80,10 @@ class EmbeddingBagSharder(EmbeddingBagCollectionSharder):
 def sharders(fused_params: Optional[Dict[str, Any]] = None) -> List[Any]:
     """TorchRec's default sharders with the EmbeddingBagCollection one replaced by :class:`EmbeddingBagSharder`
     built with ``fused_params`` (TBE options such as ``output_dtype``: :func:`fused_params_of`)."""
-    return [EmbeddingBagSharder(fused_params=fused_params) if type(s) is EmbeddingBagCollectionSharder else s
-            for s in get_default_sharders()]
+    return [
+        EmbeddingBagSharder(fused_params=fused_params) if type(s) is EmbeddingBagCollectionSharder else s
+        for s in get_default_sharders()
+    ]
 
 
 def fused_params_of(embedding_output_dtype: str, tbe_bounds_check: str = "warning") -> Optional[Dict[str, Any]]:
@@ -105,9 +107,11 @@ def _check_dtypes(pi: "PlanInfo", tables: Sequence[TableInfo]) -> "PlanInfo":
     half = {t.name for t in tables if t.weight_bytes != 4}
     bad = sorted({s["table"] for s in pi.shards if s["sharding_type"] == ShardingType.DATA_PARALLEL.value} & half)
     if bad:
-        raise PlanError(f"tables {', '.join(bad)} are data_parallel with half-precision weights "
-                        f"(perf.embedding_dtype); set perf.embedding_dtype=fp32, or constrain them to a fused "
-                        f"sharding type (sharding.constraints.<table>.sharding_types=[table_wise])")
+        raise PlanError(
+            f"tables {', '.join(bad)} are data_parallel with half-precision weights "
+            f"(perf.embedding_dtype); set perf.embedding_dtype=fp32, or constrain them to a fused "
+            f"sharding type (sharding.constraints.<table>.sharding_types=[table_wise])"
+        )
     return pi
 
 
@@ -145,8 +149,9 @@ def dense_optimizer(model: DistributedModelParallel, opt: OptimizerConfig) -> Ke
     if mlp:
         parts.append(("dense", KeyedOptimizerWrapper(mlp, lambda ps: torch.optim.Adagrad(ps, lr=opt.lr, eps=opt.eps))))
     if tables:
-        parts.append(("dp_tables", KeyedOptimizerWrapper(
-            tables, lambda ps: table_cls(ps, lr=opt.embedding_lr, eps=opt.eps))))
+        parts.append(
+            ("dp_tables", KeyedOptimizerWrapper(tables, lambda ps: table_cls(ps, lr=opt.embedding_lr, eps=opt.eps)))
+        )
     return parts[0][1] if len(parts) == 1 else CombinedOptimizer(parts)
 
 
@@ -155,8 +160,9 @@ def _host_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def topology(world_size: int, local_world_size: int, device_type: str, cfg: ShardingConfig,
-             device: Optional[torch.device] = None) -> Topology:
+def topology(
+    world_size: int, local_world_size: int, device_type: str, cfg: ShardingConfig, device: Optional[torch.device] = None
+) -> Topology:
     """The planner's view of the machines.
 
     Args:
@@ -170,8 +176,10 @@ def topology(world_size: int, local_world_size: int, device_type: str, cfg: Shar
         PlanError: CUDA planning without a visible GPU and without ``sharding.hbm_cap_gb``.
     """
     if world_size % local_world_size:
-        raise PlanError(f"world size {world_size} is not a multiple of the local world size {local_world_size}; "
-                        "give a local_world_size that divides it")
+        raise PlanError(
+            f"world size {world_size} is not a multiple of the local world size {local_world_size}; "
+            "give a local_world_size that divides it"
+        )
     ddr = int(cfg.ddr_cap_gb * GiB) if cfg.ddr_cap_gb else _host_memory_bytes() // local_world_size
     kwargs: Dict[str, Any] = {"ddr_cap": ddr}
     if device_type == "cuda":
@@ -180,9 +188,11 @@ def topology(world_size: int, local_world_size: int, device_type: str, cfg: Shar
         elif torch.cuda.is_available():
             kwargs["hbm_cap"] = int(torch.cuda.get_device_properties(device or torch.device("cuda", 0)).total_memory)
         else:
-            raise PlanError("config key `sharding.hbm_cap_gb`: planning for CUDA on a machine without a GPU needs "
-                            "the device memory per rank, e.g. sharding.hbm_cap_gb=131.3 (H200, 141 GB) or 74.5 "
-                            "(H100, 80 GB)")
+            raise PlanError(
+                "config key `sharding.hbm_cap_gb`: planning for CUDA on a machine without a GPU needs "
+                "the device memory per rank, e.g. sharding.hbm_cap_gb=131.3 (H200, 141 GB) or 74.5 "
+                "(H100, 80 GB)"
+            )
     return Topology(world_size=world_size, local_world_size=local_world_size, compute_device=device_type, **kwargs)
 
 
@@ -217,9 +227,13 @@ def _state_bytes_per_row(dim: int, sparse_type: str, weight_bytes: int = 4) -> i
     return weight_bytes * dim + (4 * dim if sparse_type == "adagrad" else 4)
 
 
-def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_type: str,
-                      pooling_factors: Optional[Dict[str, float]] = None,
-                      sharder: Optional[Any] = None) -> Dict[str, ParameterConstraints]:
+def build_constraints(
+    cfg: ShardingConfig,
+    tables: Sequence[TableInfo],
+    device_type: str,
+    pooling_factors: Optional[Dict[str, float]] = None,
+    sharder: Optional[Any] = None,
+) -> Dict[str, ParameterConstraints]:
     """Map ``sharding.*`` onto TorchRec ``ParameterConstraints``, one per table, checking what TorchRec would
     refuse late, silently remap, or run wrongly.
 
@@ -239,8 +253,10 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
     by_name = {t.name: t for t in tables}
     unknown = sorted(set(cfg.constraints) - set(by_name))
     if unknown:
-        raise PlanError(f"config key `sharding.constraints.{unknown[0]}`: the model has no table {unknown[0]!r}; "
-                        f"its tables are {tables[0].name} .. {tables[-1].name} ({len(tables)} in all)")
+        raise PlanError(
+            f"config key `sharding.constraints.{unknown[0]}`: the model has no table {unknown[0]!r}; "
+            f"its tables are {tables[0].name} .. {tables[-1].name} ({len(tables)} in all)"
+        )
     runnable = sharder.sharding_types(device_type)
     out: Dict[str, ParameterConstraints] = {}
     dp_rows = cfg.data_parallel_max_rows
@@ -249,8 +265,7 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
         ckey = f"sharding.constraints.{t.name}"
         types = (c.sharding_types if c and c.sharding_types else cfg.sharding_types) or list(runnable)
         type_key = f"{ckey}.sharding_types" if c and c.sharding_types else "sharding"
-        kernels = (c.compute_kernels if c and c.compute_kernels else
-                   [cfg.compute_kernel] if cfg.compute_kernel else None)
+        kernels = c.compute_kernels if c and c.compute_kernels else [cfg.compute_kernel] if cfg.compute_kernel else None
         kernel_key = f"{ckey}.compute_kernels" if c and c.compute_kernels else "sharding.compute_kernel"
         by_rows = dp_rows is not None and t.rows <= dp_rows and not (c and c.sharding_types)
         if by_rows:
@@ -261,38 +276,56 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
                 kernels = None
         min_part = c.min_partition if c and c.min_partition else cfg.min_partition
         part_key = f"{ckey}.min_partition" if c and c.min_partition else "sharding.min_partition"
-        if t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types and \
-                not by_rows:  # those are refused by _check_dtypes
+        if (
+            t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types and not by_rows
+        ):  # those are refused by _check_dtypes
             # sharding=auto with fp16/bf16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
             # must not pick it (it does for tiny tables on CPU, which made the plan fail after planning)
             types = [s for s in types if s != ShardingType.DATA_PARALLEL.value]
 
         bad = [s for s in types if s not in runnable]
         if bad:
-            raise PlanError(f"table {t.name}: config key `{type_key}` asks for {bad[0]}, which the "
-                            f"{device_type} backend cannot run (it runs {', '.join(runnable)}); pick one of those")
+            raise PlanError(
+                f"table {t.name}: config key `{type_key}` asks for {bad[0]}, which the "
+                f"{device_type} backend cannot run (it runs {', '.join(runnable)}); pick one of those"
+            )
         if kernels is not None:
             for s in types:
                 ok = sharder.compute_kernels(s, device_type)
                 if not any(k in ok for k in kernels):
-                    need = " (needs CUDA)" if device_type != "cuda" and any(k.startswith("fused_uvm") for k in kernels) else ""
-                    raise PlanError(f"table {t.name}: config key `{kernel_key}` = {kernels} cannot run {s} tables "
-                                    f"on {device_type}{need}; kernels for {s} there: {', '.join(ok)}")
+                    need = (
+                        " (needs CUDA)"
+                        if device_type != "cuda" and any(k.startswith("fused_uvm") for k in kernels)
+                        else ""
+                    )
+                    raise PlanError(
+                        f"table {t.name}: config key `{kernel_key}` = {kernels} cannot run {s} tables "
+                        f"on {device_type}{need}; kernels for {s} there: {', '.join(ok)}"
+                    )
         fused_possible = any(s != ShardingType.DATA_PARALLEL.value for s in types) and (
-            kernels is None or any(k in FUSED_KERNELS for k in kernels))
+            kernels is None or any(k in FUSED_KERNELS for k in kernels)
+        )
         if fused_possible and t.dim % 4:
-            raise PlanError(f"table {t.name}: embedding_dim {t.dim} is not a multiple of 4, which FBGEMM's fused "
-                            f"TBE kernels need; set model.embedding_dim to a multiple of 4 (e.g. {t.dim + 4 - t.dim % 4}),"
-                            f" or sharding=data_parallel (dense kernel)")
+            raise PlanError(
+                f"table {t.name}: embedding_dim {t.dim} is not a multiple of 4, which FBGEMM's fused "
+                f"TBE kernels need; set model.embedding_dim to a multiple of 4 (e.g. {t.dim + 4 - t.dim % 4}),"
+                f" or sharding=data_parallel (dense kernel)"
+            )
         if min_part is not None and any(s in COLUMN_TYPES for s in types):
             if min_part % 4 or t.dim % min_part:
                 divisors = [w for w in range(4, t.dim + 1, 4) if t.dim % w == 0]
-                raise PlanError(f"table {t.name}: config key `{part_key}` = {min_part} is not a column shard width "
-                                f"for embedding_dim {t.dim}: it must be a multiple of 4 that divides {t.dim} "
-                                f"({', '.join(map(str, divisors)) or 'none: make the dim a multiple of 4'})")
-        pf = (c.pooling_factors if c and c.pooling_factors else
-              [float(pooling_factors[t.name])] * len(t.features) if pooling_factors and t.name in pooling_factors
-              else [1.0] * len(t.features))
+                raise PlanError(
+                    f"table {t.name}: config key `{part_key}` = {min_part} is not a column shard width "
+                    f"for embedding_dim {t.dim}: it must be a multiple of 4 that divides {t.dim} "
+                    f"({', '.join(map(str, divisors)) or 'none: make the dim a multiple of 4'})"
+                )
+        pf = (
+            c.pooling_factors
+            if c and c.pooling_factors
+            else [float(pooling_factors[t.name])] * len(t.features)
+            if pooling_factors and t.name in pooling_factors
+            else [1.0] * len(t.features)
+        )
         out[t.name] = ParameterConstraints(
             sharding_types=list(types),
             compute_kernels=list(kernels) if kernels else None,
@@ -304,8 +337,13 @@ def build_constraints(cfg: ShardingConfig, tables: Sequence[TableInfo], device_t
     return out
 
 
-def _check_fits(tables: Sequence[TableInfo], constraints: Dict[str, ParameterConstraints], topo: Topology,
-                cfg: ShardingConfig, sparse_type: str) -> None:
+def _check_fits(
+    tables: Sequence[TableInfo],
+    constraints: Dict[str, ParameterConstraints],
+    topo: Topology,
+    cfg: ShardingConfig,
+    sparse_type: str,
+) -> None:
     """A table that can only be placed whole (table_wise / data_parallel) in a memory that cannot hold it.
 
     Raises:
@@ -327,12 +365,14 @@ def _check_fits(tables: Sequence[TableInfo], constraints: Dict[str, ParameterCon
 def _too_big(t: TableInfo, need: int, cap: int, cuda: bool) -> str:
     mem = "HBM" if cuda else "host memory"
     dtype = "fp32" if t.weight_bytes == 4 else "fp16/bf16"
-    return (f"table {t.name} ({t.rows:,} x {t.dim} {dtype} with its optimizer state, {need / GiB:.2f} GiB) does not fit "
-            f"the {cap / GiB:.2f} GiB of {mem} per rank the planner may use (after sharding.storage_reservation). "
-            f"Options: split it by rows (+sharding.constraints.{t.name}.sharding_types=[row_wise], or sharding="
-            f"row_wise), use more GPUs, or keep it in host memory with an HBM cache "
-            f"(sharding.compute_kernel=fused_uvm_caching, CUDA only); or raise sharding.hbm_cap_gb / ddr_cap_gb if "
-            f"the device has more")
+    return (
+        f"table {t.name} ({t.rows:,} x {t.dim} {dtype} with its optimizer state, {need / GiB:.2f} GiB) does not fit "
+        f"the {cap / GiB:.2f} GiB of {mem} per rank the planner may use (after sharding.storage_reservation). "
+        f"Options: split it by rows (+sharding.constraints.{t.name}.sharding_types=[row_wise], or sharding="
+        f"row_wise), use more GPUs, or keep it in host memory with an HBM cache "
+        f"(sharding.compute_kernel=fused_uvm_caching, CUDA only); or raise sharding.hbm_cap_gb / ddr_cap_gb if "
+        f"the device has more"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ planning
@@ -365,10 +405,18 @@ class PlanInfo:
     source: str = "planner"
 
 
-def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, local_world_size: int,
-               device: torch.device, batch_size: int, sparse_type: str = "adagrad",
-               pooling_factors: Optional[Dict[str, float]] = None,
-               constraint_hook: Optional[ConstraintHook] = None) -> PlanInfo:
+def plan_model(
+    model: torch.nn.Module,
+    cfg: ShardingConfig,
+    *,
+    world_size: int,
+    local_world_size: int,
+    device: torch.device,
+    batch_size: int,
+    sparse_type: str = "adagrad",
+    pooling_factors: Optional[Dict[str, float]] = None,
+    constraint_hook: Optional[ConstraintHook] = None,
+) -> PlanInfo:
     """Plan ``model`` (tables on the meta device) in this process; no process group needed.
 
     Args:
@@ -390,7 +438,8 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
     hbm_cap, ddr_cap = int(topo.devices[0].storage.hbm), int(topo.devices[0].storage.ddr)
     if cfg.plan_path:
         return _check_dtypes(
-            load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap), tables)
+            load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap), tables
+        )
     sharder = EmbeddingBagSharder()
     constraints = build_constraints(cfg, tables, device.type, pooling_factors, sharder)
     if world_size == 1 and not cfg.sharding_types:
@@ -407,9 +456,13 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
     _check_fits(tables, constraints, topo, cfg, sparse_type)
     stats = _CaptureStats()
     planner = EmbeddingShardingPlanner(
-        topology=topo, batch_size=batch_size, constraints=constraints,
+        topology=topo,
+        batch_size=batch_size,
+        constraints=constraints,
         storage_reservation=HeuristicalStorageReservation(percentage=cfg.storage_reservation),
-        stats=[stats], debug=False)
+        stats=[stats],
+        debug=False,
+    )
     all_sharders = [sharder if isinstance(s, EmbeddingBagSharder) else s for s in sharders()]
     try:
         plan = planner.plan(model, all_sharders)
@@ -421,23 +474,34 @@ def plan_model(model: torch.nn.Module, cfg: ShardingConfig, *, world_size: int, 
         raise PlanError(
             f"the planner found no placement for {len(tables)} tables on {world_size} ranks "
             f"({total / GiB:.2f} GiB of weights and optimizer state in all, about {cap / GiB:.2f} GiB per rank "
-            f"usable). Largest: " + _too_big(biggest, biggest.rows * per_row[biggest.name], int(cap),
-                                              device.type == "cuda")
-            + f"\nTorchRec planner: {str(e).splitlines()[0]}") from e
+            f"usable). Largest: "
+            + _too_big(biggest, biggest.rows * per_row[biggest.name], int(cap), device.type == "cuda")
+            + f"\nTorchRec planner: {str(e).splitlines()[0]}"
+        ) from e
     shards = []
     for so in stats.best_plan:
         for sh in so.shards:
             st = sh.storage
-            shards.append({"module": so.path, "table": so.name, "sharding_type": so.sharding_type,
-                           "compute_kernel": so.compute_kernel, "rank": int(sh.rank),
-                           "offsets": list(sh.offset), "sizes": list(sh.size),
-                           "hbm_bytes": int(st.hbm) if st else None, "ddr_bytes": int(st.ddr) if st else None})
+            shards.append(
+                {
+                    "module": so.path,
+                    "table": so.name,
+                    "sharding_type": so.sharding_type,
+                    "compute_kernel": so.compute_kernel,
+                    "rank": int(sh.rank),
+                    "offsets": list(sh.offset),
+                    "sizes": list(sh.size),
+                    "hbm_bytes": int(st.hbm) if st else None,
+                    "ddr_bytes": int(st.ddr) if st else None,
+                }
+            )
     pi = _check_dtypes(PlanInfo(plan, world_size, local_world_size, device.type, hbm_cap, ddr_cap, shards), tables)
     return _check_half_precision_state(pi, tables, sparse_type, cfg)
 
 
-def _check_half_precision_state(pi: PlanInfo, tables: Sequence[TableInfo], sparse_type: str,
-                                cfg: ShardingConfig) -> PlanInfo:
+def _check_half_precision_state(
+    pi: PlanInfo, tables: Sequence[TableInfo], sparse_type: str, cfg: ShardingConfig
+) -> PlanInfo:
     """Add what TorchRec's planner leaves out for fp16/bf16 tables with element-wise Adagrad, and refuse a plan
     that then overflows HBM.
 
@@ -470,21 +534,34 @@ def _check_half_precision_state(pi: PlanInfo, tables: Sequence[TableInfo], spars
             f"counted {planned[r] / GiB:.2f} GiB, but FBGEMM keeps the Adagrad state of fp16/bf16 tables in fp32 "
             f"({missing.get(r, 0) / GiB:.2f} GiB more than TorchRec's planner counts). Re-plan with "
             f"sharding.storage_reservation={reserve:.2f}, or use optimizer.sparse_type=rowwise_adagrad or "
-            f"perf.embedding_dtype=fp32")
+            f"perf.embedding_dtype=fp32"
+        )
     return pi
 
 
-def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch_size: int,
-              sparse_type: str = "adagrad", pooling_factors: Optional[Dict[str, float]] = None,
-              constraint_hook: Optional[ConstraintHook] = None) -> PlanInfo:
+def make_plan(
+    model: torch.nn.Module,
+    info: DistInfo,
+    cfg: ShardingConfig,
+    batch_size: int,
+    sparse_type: str = "adagrad",
+    pooling_factors: Optional[Dict[str, float]] = None,
+    constraint_hook: Optional[ConstraintHook] = None,
+) -> PlanInfo:
     """Plan on rank 0 and broadcast (the planner is deterministic, but one plan must be used by all ranks).
 
     Config checks run on every rank first; a planner error on rank 0 is broadcast and raised on every rank
     (no rank is left waiting).
     """
-    kwargs = dict(world_size=info.world_size, local_world_size=info.local_world_size, device=info.device,
-                  batch_size=batch_size, sparse_type=sparse_type, pooling_factors=pooling_factors,
-                  constraint_hook=constraint_hook)
+    kwargs = dict(
+        world_size=info.world_size,
+        local_world_size=info.local_world_size,
+        device=info.device,
+        batch_size=batch_size,
+        sparse_type=sparse_type,
+        pooling_factors=pooling_factors,
+        constraint_hook=constraint_hook,
+    )
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return plan_model(model, cfg, **kwargs)  # type: ignore[arg-type]
     if cfg.plan_path is None:
@@ -501,12 +578,20 @@ def make_plan(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, batch
     return box[0]
 
 
-def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: OptimizerConfig,
-          batch_size: int, pooling_factors: Optional[Dict[str, float]] = None,
-          constraint_hook: Optional[ConstraintHook] = None, fused_params: Optional[Dict[str, Any]] = None,
-          allreduce_dtype: str = "fp32", allreduce_group: str = "shared",
-          allreduce_max_ctas: Optional[int] = None, ddp_bucket_cap_mb: int = 25
-          ) -> Tuple[DistributedModelParallel, ShardingPlan]:
+def shard(
+    model: torch.nn.Module,
+    info: DistInfo,
+    cfg: ShardingConfig,
+    opt: OptimizerConfig,
+    batch_size: int,
+    pooling_factors: Optional[Dict[str, float]] = None,
+    constraint_hook: Optional[ConstraintHook] = None,
+    fused_params: Optional[Dict[str, Any]] = None,
+    allreduce_dtype: str = "fp32",
+    allreduce_group: str = "shared",
+    allreduce_max_ctas: Optional[int] = None,
+    ddp_bucket_cap_mb: int = 25,
+) -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners).
 
     ``fused_params`` go to the TBE kernels (e.g. ``{"output_dtype": SparseType.BF16}``, :func:`fused_params_of`).
@@ -523,12 +608,20 @@ def shard(model: torch.nn.Module, info: DistInfo, cfg: ShardingConfig, opt: Opti
     info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
     # one rank has nothing to reduce: a compress hook there would only round the gradients
     precision = None if allreduce_dtype == "fp32" or info.world_size == 1 else allreduce_dtype
-    wrapper = (DedicatedGroupDataParallelWrapper(allreduce_group_of_ddp(allreduce_max_ctas), precision,
-                                                 bucket_cap_mb=ddp_bucket_cap_mb)
-               if allreduce_group == "dedicated" and info.world_size > 1
-               else DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_cap_mb, allreduce_comm_precision=precision))
-    dmp = DistributedModelParallel(module=model, device=info.device, plan=info_.plan,
-                                   sharders=sharders(fused_params), data_parallel_wrapper=wrapper)
+    wrapper = (
+        DedicatedGroupDataParallelWrapper(
+            allreduce_group_of_ddp(allreduce_max_ctas), precision, bucket_cap_mb=ddp_bucket_cap_mb
+        )
+        if allreduce_group == "dedicated" and info.world_size > 1
+        else DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_cap_mb, allreduce_comm_precision=precision)
+    )
+    dmp = DistributedModelParallel(
+        module=model,
+        device=info.device,
+        plan=info_.plan,
+        sharders=sharders(fused_params),
+        data_parallel_wrapper=wrapper,
+    )
     dmp.plan_info = info_  # type: ignore[attr-defined]
     return dmp, info_.plan
 
@@ -541,21 +634,43 @@ def plan_to_json(pi: PlanInfo) -> Dict[str, Any]:
     for module, mplan in pi.plan.plan.items():
         for name, ps in mplan.items():  # type: ignore[union-attr]
             if ps.sharding_spec is not None:
-                metas = [(m.placement.rank(), list(m.shard_offsets), list(m.shard_sizes))
-                         for m in ps.sharding_spec.shards]
+                metas = [
+                    (m.placement.rank(), list(m.shard_offsets), list(m.shard_sizes)) for m in ps.sharding_spec.shards
+                ]
             else:  # data_parallel: a full replica on every rank
                 full = next((s["sizes"] for s in pi.shards if s["table"] == name), None)
                 metas = [(r, [0, 0], full) for r in ps.ranks]
             shards = []
             for rank, off, size in metas:
                 e = est.get((module, name, rank, tuple(off)), {})
-                shards.append({"rank": rank, "offsets": off, "sizes": size,
-                               "hbm_bytes": e.get("hbm_bytes"), "ddr_bytes": e.get("ddr_bytes")})
-            tables.append({"module": module, "table": name, "sharding_type": ps.sharding_type,
-                           "compute_kernel": ps.compute_kernel, "ranks": list(ps.ranks or []), "shards": shards})
-    return {"format": PLAN_FORMAT, "world_size": pi.world_size, "local_world_size": pi.local_world_size,
-            "compute_device": pi.compute_device, "hbm_cap_bytes": pi.hbm_cap_bytes,
-            "ddr_cap_bytes": pi.ddr_cap_bytes, "tables": tables}
+                shards.append(
+                    {
+                        "rank": rank,
+                        "offsets": off,
+                        "sizes": size,
+                        "hbm_bytes": e.get("hbm_bytes"),
+                        "ddr_bytes": e.get("ddr_bytes"),
+                    }
+                )
+            tables.append(
+                {
+                    "module": module,
+                    "table": name,
+                    "sharding_type": ps.sharding_type,
+                    "compute_kernel": ps.compute_kernel,
+                    "ranks": list(ps.ranks or []),
+                    "shards": shards,
+                }
+            )
+    return {
+        "format": PLAN_FORMAT,
+        "world_size": pi.world_size,
+        "local_world_size": pi.local_world_size,
+        "compute_device": pi.compute_device,
+        "hbm_cap_bytes": pi.hbm_cap_bytes,
+        "ddr_cap_bytes": pi.ddr_cap_bytes,
+        "tables": tables,
+    }
 
 
 def save_plan(pi: PlanInfo, path: str) -> None:
@@ -564,8 +679,15 @@ def save_plan(pi: PlanInfo, path: str) -> None:
         f.write("\n")
 
 
-def load_plan(path: str, tables: Sequence[TableInfo], world_size: int, local_world_size: int, device_type: str,
-              hbm_cap: int = 0, ddr_cap: int = 0) -> PlanInfo:
+def load_plan(
+    path: str,
+    tables: Sequence[TableInfo],
+    world_size: int,
+    local_world_size: int,
+    device_type: str,
+    hbm_cap: int = 0,
+    ddr_cap: int = 0,
+) -> PlanInfo:
     """Read a ``plan.json`` and rebuild the exact ``ShardingPlan``, after checking it fits this job.
 
     Raises:
@@ -581,43 +703,67 @@ def load_plan(path: str, tables: Sequence[TableInfo], world_size: int, local_wor
     if doc.get("format") != PLAN_FORMAT:
         raise PlanError(f"{key}: {path} is not a plan.json ({PLAN_FORMAT}); write one with python -m dlrm.plan")
     if doc["world_size"] != world_size:
-        raise PlanError(f"{key}: {path} places tables on {doc['world_size']} ranks but this job has {world_size}; "
-                        f"launch {doc['world_size']} processes, or drop sharding.plan_path to re-plan")
+        raise PlanError(
+            f"{key}: {path} places tables on {doc['world_size']} ranks but this job has {world_size}; "
+            f"launch {doc['world_size']} processes, or drop sharding.plan_path to re-plan"
+        )
     by_name = {t.name: t for t in tables}
     named = {t["table"] for t in doc["tables"]}
     if named != set(by_name):
         extra, missing = sorted(named - set(by_name)), sorted(set(by_name) - named)
-        raise PlanError(f"{key}: {path} does not match the model: tables not in the model {extra}, tables not in "
-                        f"the plan {missing}; re-plan for this model (drop sharding.plan_path)")
+        raise PlanError(
+            f"{key}: {path} does not match the model: tables not in the model {extra}, tables not in "
+            f"the plan {missing}; re-plan for this model (drop sharding.plan_path)"
+        )
     sharder = EmbeddingBagSharder()
     plan: Dict[str, Any] = {}
     shards = []
     for t in doc["tables"]:
         info = by_name[t["table"]]
         stype, kernel = t["sharding_type"], t["compute_kernel"]
-        if stype not in sharder.sharding_types(device_type) or kernel not in sharder.compute_kernels(stype, device_type):
-            raise PlanError(f"{key}: table {info.name} is {stype} / {kernel} in {path}, which {device_type} cannot "
-                            "run; re-plan on this device (drop sharding.plan_path)")
+        if stype not in sharder.sharding_types(device_type) or kernel not in sharder.compute_kernels(
+            stype, device_type
+        ):
+            raise PlanError(
+                f"{key}: table {info.name} is {stype} / {kernel} in {path}, which {device_type} cannot "
+                "run; re-plan on this device (drop sharding.plan_path)"
+            )
         area = 0
         for s in t["shards"]:
             r0, c0 = s["offsets"]
             r, c = s["sizes"]
             if not (0 <= s["rank"] < world_size and r0 + r <= info.rows and c0 + c <= info.dim):
-                raise PlanError(f"{key}: table {info.name} in {path}: shard {s} lies outside the {info.rows} x "
-                                f"{info.dim} table or the {world_size} ranks; re-plan for this model")
+                raise PlanError(
+                    f"{key}: table {info.name} in {path}: shard {s} lies outside the {info.rows} x "
+                    f"{info.dim} table or the {world_size} ranks; re-plan for this model"
+                )
             area += r * c
-            shards.append({"module": t["module"], "table": info.name, "sharding_type": stype,
-                           "compute_kernel": kernel, **s})
+            shards.append(
+                {"module": t["module"], "table": info.name, "sharding_type": stype, "compute_kernel": kernel, **s}
+            )
         expect = info.rows * info.dim * (world_size if stype == ShardingType.DATA_PARALLEL.value else 1)
         if area != expect:
-            raise PlanError(f"{key}: table {info.name} in {path}: its shards cover {area} of {expect} "
-                            f"elements of the {info.rows} x {info.dim} table; re-plan for this model")
-        spec = None if stype == ShardingType.DATA_PARALLEL.value else EnumerableShardingSpec([
-            ShardMetadata(shard_offsets=list(s["offsets"]), shard_sizes=list(s["sizes"]),
-                          placement=placement(device_type, s["rank"], local_world_size))
-            for s in t["shards"]])
+            raise PlanError(
+                f"{key}: table {info.name} in {path}: its shards cover {area} of {expect} "
+                f"elements of the {info.rows} x {info.dim} table; re-plan for this model"
+            )
+        spec = (
+            None
+            if stype == ShardingType.DATA_PARALLEL.value
+            else EnumerableShardingSpec(
+                [
+                    ShardMetadata(
+                        shard_offsets=list(s["offsets"]),
+                        shard_sizes=list(s["sizes"]),
+                        placement=placement(device_type, s["rank"], local_world_size),
+                    )
+                    for s in t["shards"]
+                ]
+            )
+        )
         plan.setdefault(t["module"], {})[info.name] = ParameterSharding(
-            sharding_type=stype, compute_kernel=kernel, ranks=list(t["ranks"]), sharding_spec=spec)
+            sharding_type=stype, compute_kernel=kernel, ranks=list(t["ranks"]), sharding_spec=spec
+        )
     from torchrec.distributed.types import EmbeddingModuleShardingPlan
 
     sp = ShardingPlan({m: EmbeddingModuleShardingPlan(p) for m, p in plan.items()})
@@ -666,17 +812,25 @@ def format_plan(pi: PlanInfo) -> str:
                 per_rank[s["rank"]] = per_rank.get(s["rank"], 0) + s[mem_key]
         if per_rank:
             vals = set(round(v) for v in per_rank.values())
-            mem = (f"{_fmt_bytes(next(iter(per_rank.values())))} on each" if len(vals) == 1 and len(per_rank) > 1
-                   else ", ".join(f"r{r}: {_fmt_bytes(v)}" for r, v in sorted(per_rank.items())))
+            mem = (
+                f"{_fmt_bytes(next(iter(per_rank.values())))} on each"
+                if len(vals) == 1 and len(per_rank) > 1
+                else ", ".join(f"r{r}: {_fmt_bytes(v)}" for r, v in sorted(per_rank.items()))
+            )
         else:
             mem = "?"
-        rows.append((k[1], ss[0]["sharding_type"], ss[0]["compute_kernel"], _ranks([s["rank"] for s in ss]),
-                     shape_txt, mem))
+        rows.append(
+            (k[1], ss[0]["sharding_type"], ss[0]["compute_kernel"], _ranks([s["rank"] for s in ss]), shape_txt, mem)
+        )
     head = ("table", "sharding type", "kernel", "ranks", "shards (rows x cols)", "est. memory per rank")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     line = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
-    out = [f"sharding plan ({pi.source}) for {pi.world_size} ranks ({pi.local_world_size} per host) on "
-           f"{pi.compute_device}:", line(head), line(tuple("-" * w for w in widths))]
+    out = [
+        f"sharding plan ({pi.source}) for {pi.world_size} ranks ({pi.local_world_size} per host) on "
+        f"{pi.compute_device}:",
+        line(head),
+        line(tuple("-" * w for w in widths)),
+    ]
     out += [line(r) for r in rows]
     hbm = [0.0] * pi.world_size
     ddr = [0.0] * pi.world_size
@@ -688,8 +842,10 @@ def format_plan(pi: PlanInfo) -> str:
         out.append("estimated embedding memory per rank (TorchRec estimate: weights, optimizer state, buffers):")
         for r in range(pi.world_size):
             if pi.compute_device == "cuda":
-                out.append(f"  rank {r}: HBM {_fmt_bytes(hbm[r])} of {_fmt_bytes(pi.hbm_cap_bytes)}, "
-                           f"host {_fmt_bytes(ddr[r])} of {_fmt_bytes(pi.ddr_cap_bytes)}")
+                out.append(
+                    f"  rank {r}: HBM {_fmt_bytes(hbm[r])} of {_fmt_bytes(pi.hbm_cap_bytes)}, "
+                    f"host {_fmt_bytes(ddr[r])} of {_fmt_bytes(pi.ddr_cap_bytes)}"
+                )
             else:
                 out.append(f"  rank {r}: host {_fmt_bytes(ddr[r])} of {_fmt_bytes(pi.ddr_cap_bytes)}")
     return "\n".join(out)

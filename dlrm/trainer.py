@@ -57,18 +57,28 @@ def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
     if device.type != "cpu":
         return
     if perf.allreduce_max_ctas is not None:
-        raise ConfigError("config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
-                          "CPU (gloo); drop it (perf.allreduce_max_ctas=null)")
+        raise ConfigError(
+            "config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
+            "CPU (gloo); drop it (perf.allreduce_max_ctas=null)"
+        )
     if perf.allreduce_dtype == "bf16":
-        raise ConfigError("config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
-                          "use fp16 or fp32 on CPU")
+        raise ConfigError(
+            "config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
+            "use fp16 or fp32 on CPU"
+        )
     for key in ("embedding_dtype", "embedding_output_dtype"):
         if getattr(perf, key) == "bf16":
             # fp16 pooled embeddings cannot meet bf16 autocast (PerfConfig), so name the one value that works then
-            fix = ("fp32 on CPU (fp16 too, without bf16 autocast)" if key == "embedding_output_dtype"
-                   and perf.autocast == "bf16" else "fp16 or fp32 on CPU")
-            hint = (" (perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
-                    if key == "embedding_output_dtype" else "")
+            fix = (
+                "fp32 on CPU (fp16 too, without bf16 autocast)"
+                if key == "embedding_output_dtype" and perf.autocast == "bf16"
+                else "fp16 or fp32 on CPU"
+            )
+            hint = (
+                " (perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
+                if key == "embedding_output_dtype"
+                else ""
+            )
             raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use {fix}{hint}")
 
 
@@ -108,20 +118,31 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
         torch.backends.cuda.matmul.allow_tf32 = perf.tf32
         torch.backends.cudnn.allow_tf32 = perf.tf32
     model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=skip_nonfinite, perf=perf)
-    pooling = {f"t_{f}": float(m if cfg.data.multi_hot else 1)
-               for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)}
+    pooling = {
+        f"t_{f}": float(m if cfg.data.multi_hot else 1) for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)
+    }
     tables = table_configs(cfg.model, perf.embedding_dtype)
-    dmp, plan = shard(model, info, cfg.sharding, cfg.optimizer, batch_size, pooling,
-                      constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
-                      fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
-                      allreduce_dtype=perf.allreduce_dtype, allreduce_group=perf.allreduce_group,
-                      allreduce_max_ctas=perf.allreduce_max_ctas, ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb)
+    dmp, plan = shard(
+        model,
+        info,
+        cfg.sharding,
+        cfg.optimizer,
+        batch_size,
+        pooling,
+        constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
+        fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
+        allreduce_dtype=perf.allreduce_dtype,
+        allreduce_group=perf.allreduce_group,
+        allreduce_max_ctas=perf.allreduce_max_ctas,
+        ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb,
+    )
     lean, held = 0, None
     if perf.lean_output_dist and info.world_size > 1:  # one rank: no all-to-all to change
         # rank blocks (no cat, no regrouping pass: the sparse arch gathers inside the dense step) need the sparse
         # arch that gathers them and whole tables per rank
         blocks = isinstance(model.model.sparse_arch, ZeroCopySparseArch) and all(
-            ps.sharding_type == "table_wise" for module_plan in plan.plan.values() for ps in module_plan.values())
+            ps.sharding_type == "table_wise" for module_plan in plan.plan.values() for ps in module_plan.values()
+        )
         if perf.allreduce_after_output_dist:
             ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
             if ddp is not None:
@@ -131,22 +152,29 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
             held = None
         if held is not None:
             ddp.register_comm_hook(None, held.hook)
-            log.info("perf.allreduce_after_output_dist: DDP's all-reduce is issued after the %d backward "
-                     "all-to-all(s) of the pooled embeddings", lean)
-        log.info("perf.lean_output_dist: %d output dist(s) send pooled embeddings without TorchRec's staging copy, "
-                 "%s%s", lean, "handed over as received (the dense step gathers the features from the rank blocks "
-                 "and returns their gradient in that layout)" if blocks else
-                 "and regroup and divide the gradient in one pass",
-                 "" if lean else " (none here: no table_wise or column_wise tables, nor table_row_wise / grid_shard "
-                 "across hosts)")
+            log.info(
+                "perf.allreduce_after_output_dist: DDP's all-reduce is issued after the %d backward "
+                "all-to-all(s) of the pooled embeddings",
+                lean,
+            )
+        log.info(
+            "perf.lean_output_dist: %d output dist(s) send pooled embeddings without TorchRec's staging copy, %s%s",
+            lean,
+            "handed over as received (the dense step gathers the features from the rank blocks "
+            "and returns their gradient in that layout)"
+            if blocks
+            else "and regroup and divide the gradient in one pass",
+            ""
+            if lean
+            else " (none here: no table_wise or column_wise tables, nor table_row_wise / grid_shard across hosts)",
+        )
     if perf.compile:
         compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
     # semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
-    pipeline = build_pipeline(dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device,
-                              cfg.pipeline)
+    pipeline = build_pipeline(dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device, cfg.pipeline)
     return Built(model, dmp, plan, optimizer, scheduler, pipeline, lean, held)
 
 
@@ -181,16 +209,21 @@ class Trainer:
         setup_logging(info.rank, self.run_dir)
         self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
         self.mlperf.init_start()
-        resolved = (OmegaConf.to_container(self.raw_cfg, resolve=True) if isinstance(self.raw_cfg, DictConfig)
-                    else OmegaConf.to_container(OmegaConf.structured(cfg)))
+        resolved = (
+            OmegaConf.to_container(self.raw_cfg, resolve=True)
+            if isinstance(self.raw_cfg, DictConfig)
+            else OmegaConf.to_container(OmegaConf.structured(cfg))
+        )
         if info.is_main:
             with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as f:
                 f.write(OmegaConf.to_yaml(resolved))
 
         gb = cfg.data.global_batch_size
         if gb is not None and gb % info.world_size:
-            raise ConfigError(f"config key `data.global_batch_size`: {gb} does not divide over "
-                             f"{info.world_size} ranks; use a multiple of the world size")
+            raise ConfigError(
+                f"config key `data.global_batch_size`: {gb} does not divide over "
+                f"{info.world_size} ranks; use a multiple of the world size"
+            )
         self.batch_size = gb // info.world_size if gb else cfg.data.batch_size
         self.global_batch = self.batch_size * info.world_size
         self.eval_batch_size = cfg.eval.batch_size or self.batch_size
@@ -201,19 +234,28 @@ class Trainer:
         self.multi_hot = data_mod.make_multi_hot(cfg.data, cfg.model)
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"the training split has {len(self.train_split)} rows, fewer than the world size "
-                             f"({info.world_size}); give more rows")
+            raise ConfigError(
+                f"the training split has {len(self.train_split)} rows, fewer than the world size "
+                f"({info.world_size}); give more rows"
+            )
         total = self.steps_per_epoch * cfg.trainer.epochs
         self.total_steps = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
         ev = cfg.eval
         self.eval_every = ev.every_n_steps or (max(1, self.steps_per_epoch // ev.per_epoch) if ev.per_epoch else 0)
         n_eval = len(self.val_split)
-        self.auc_method = ev.auc_method if ev.auc_method != "auto" else (
-            "exact" if n_eval <= EXACT_AUC_MAX_ROWS else "histogram")
-        log.info("data %s: %d train, %d val, %s test rows (%.1fs); %s ids per sample; AUC method %s",
-                 cfg.data.name, len(self.train_split), n_eval,
-                 len(self.test_split) if self.test_split is not None else "no", time.perf_counter() - t0,
-                 sum(cfg.model.multi_hot_sizes) if self.multi_hot else len(FEATURE_NAMES), self.auc_method)
+        self.auc_method = (
+            ev.auc_method if ev.auc_method != "auto" else ("exact" if n_eval <= EXACT_AUC_MAX_ROWS else "histogram")
+        )
+        log.info(
+            "data %s: %d train, %d val, %s test rows (%.1fs); %s ids per sample; AUC method %s",
+            cfg.data.name,
+            len(self.train_split),
+            n_eval,
+            len(self.test_split) if self.test_split is not None else "no",
+            time.perf_counter() - t0,
+            sum(cfg.model.multi_hot_sizes) if self.multi_hot else len(FEATURE_NAMES),
+            self.auc_method,
+        )
 
         self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
         built = build_training(cfg, info, self.batch_size, self.skip_nonfinite)
@@ -223,35 +265,67 @@ class Trainer:
         opt = cfg.optimizer
 
         n_params = sum(p.numel() for p in model.parameters())
-        log.info("model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
-                 cfg.model.name, cfg.model.interaction, n_params / 1e6, info.world_size, info.device, info.backend)
+        log.info(
+            "model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
+            cfg.model.name,
+            cfg.model.interaction,
+            n_params / 1e6,
+            info.world_size,
+            info.device,
+            info.backend,
+        )
         p = cfg.perf
-        log.info("perf %s: tables %s, pooled embeddings %s, autocast %s (DCN residual stream %s), tf32 %s, compile %s, "
-                 "TBE bounds check %s, all-reduce %s, DDP buckets %d MiB, output dist %s", p.name, p.embedding_dtype,
-                 p.embedding_output_dtype, p.autocast,
-                 "n/a: no DCN" if cfg.model.interaction != "dcn" else
-                 p.autocast if p.dcn_residual_dtype == "autocast" else "fp32",
-                 p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
-                 f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''}"
-                 f"{', split at DDP buckets' if p.compile_ddp_split else ', one unsplit graph'})"
-                 if p.compile else "off", p.tbe_bounds_check,
-                 f"{p.allreduce_dtype} on the {p.allreduce_group} group"
-                 + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
-                 + (" after the backward all-to-all" if built.held_allreduce is not None else "")
-                 if info.world_size > 1 else "none (one rank)", p.ddp_bucket_cap_mb,
-                 ("lean" if info.world_size > 1 else "torchrec (lean: no all-to-all on one rank)")
-                 if p.lean_output_dist else "torchrec")
+        log.info(
+            "perf %s: tables %s, pooled embeddings %s, autocast %s (DCN residual stream %s), tf32 %s, compile %s, "
+            "TBE bounds check %s, all-reduce %s, DDP buckets %d MiB, output dist %s",
+            p.name,
+            p.embedding_dtype,
+            p.embedding_output_dtype,
+            p.autocast,
+            "n/a: no DCN"
+            if cfg.model.interaction != "dcn"
+            else p.autocast
+            if p.dcn_residual_dtype == "autocast"
+            else "fp32",
+            p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
+            f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''}"
+            f"{', split at DDP buckets' if p.compile_ddp_split else ', one unsplit graph'})"
+            if p.compile
+            else "off",
+            p.tbe_bounds_check,
+            f"{p.allreduce_dtype} on the {p.allreduce_group} group"
+            + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
+            + (" after the backward all-to-all" if built.held_allreduce is not None else "")
+            if info.world_size > 1
+            else "none (one rank)",
+            p.ddp_bucket_cap_mb,
+            ("lean" if info.world_size > 1 else "torchrec (lean: no all-to-all on one rank)")
+            if p.lean_output_dist
+            else "torchrec",
+        )
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
-        log.info("batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; "
-                 "run dir %s", self.batch_size, self.global_batch, self.steps_per_epoch, self.total_steps,
-                 self.eval_every or "(end only)", self.run_dir)
+        log.info(
+            "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
+            self.batch_size,
+            self.global_batch,
+            self.steps_per_epoch,
+            self.total_steps,
+            self.eval_every or "(end only)",
+            self.run_dir,
+        )
         self.metrics = MetricsLogger(self.run_dir, info.is_main, cfg.logger, self.total_steps, resolved)
         self.mlperf.hyperparameters(
-            global_batch=self.global_batch, lr=opt.lr, eps=opt.eps, warmup=opt.warmup_steps,
-            decay_start=opt.decay_start_step, decay_steps=opt.decay_steps,
-            train_samples=len(self.train_split), eval_samples=n_eval)
+            global_batch=self.global_batch,
+            lr=opt.lr,
+            eps=opt.eps,
+            warmup=opt.warmup_steps,
+            decay_start=opt.decay_start_step,
+            decay_steps=opt.decay_steps,
+            train_samples=len(self.train_split),
+            eval_samples=n_eval,
+        )
         # checkpoint: restore model, optimizers, schedule, step and RNG from checkpoint.resume (dlrm/checkpoint.py)
         self.ckpt = Checkpointer(cfg.checkpoint, self.run_dir, info)
         if self.ckpt.resume(self):
@@ -276,15 +350,30 @@ class Trainer:
         cfg, info = self.cfg, self.info
         assert info is not None
         return data_mod.train_batches(
-            self.train_split, global_batch=self.global_batch, rank=info.rank, world_size=info.world_size,
-            epochs=cfg.trainer.epochs, max_steps=self.total_steps, feature_names=FEATURE_NAMES,
-            multi_hot=self.multi_hot, shuffle=cfg.data.shuffle, seed=cfg.seed, start_step=self.step)
+            self.train_split,
+            global_batch=self.global_batch,
+            rank=info.rank,
+            world_size=info.world_size,
+            epochs=cfg.trainer.epochs,
+            max_steps=self.total_steps,
+            feature_names=FEATURE_NAMES,
+            multi_hot=self.multi_hot,
+            shuffle=cfg.data.shuffle,
+            seed=cfg.seed,
+            start_step=self.step,
+        )
 
     def _position(self, step: int) -> str:
         info = self.info
         assert info is not None
-        return data_mod.batch_position(self.train_split, step, global_batch=self.global_batch, rank=info.rank,
-                                       world_size=info.world_size, shuffle=self.cfg.data.shuffle)
+        return data_mod.batch_position(
+            self.train_split,
+            step,
+            global_batch=self.global_batch,
+            rank=info.rank,
+            world_size=info.world_size,
+            shuffle=self.cfg.data.shuffle,
+        )
 
     def fit(self) -> Dict[str, Any]:
         """Train up to ``self.total_steps`` steps, validating as configured (and stopping early once
@@ -309,8 +398,15 @@ class Trainer:
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
         self.model.train()
-        self.profiler = StepProfiler(cfg.profile, os.path.join(self.run_dir, "profile"), info.rank, self.model,
-                                     info.device, cfg.profile_wait_steps, cfg.profile_steps)
+        self.profiler = StepProfiler(
+            cfg.profile,
+            os.path.join(self.run_dir, "profile"),
+            info.rank,
+            self.model,
+            info.device,
+            cfg.profile_wait_steps,
+            cfg.profile_steps,
+        )
         while self.step < self.total_steps:
             self.profiler.begin_step(self.step + 1)
             out = self.pipeline.progress(it)
@@ -326,7 +422,8 @@ class Trainer:
             if self.step % every == 0 or self.step == self.total_steps:
                 self._log_window(win, t_start)
             due = (self.eval_every and self.step % self.eval_every == 0) or (
-                cfg.eval.at_end and self.step == self.total_steps)
+                cfg.eval.at_end and self.step == self.total_steps
+            )
             if due:
                 epoch_num = self.step / self.steps_per_epoch
                 self.mlperf.block_stop(epoch_num, self.samples_seen)
@@ -335,12 +432,17 @@ class Trainer:
                 target = cfg.eval.target_auc
                 if target is not None and last_val["val_auc"] >= target:
                     target_hit = True
-                    msg = (f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
-                           f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
-                           f"{time.perf_counter() - t_start:.1f}s")
+                    msg = (
+                        f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
+                        f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
+                        f"{time.perf_counter() - t_start:.1f}s"
+                    )
                     log.info(msg)
-                    self.metrics.log({"step": self.step, "samples": self.samples_seen, "target_auc": target,
-                                      "target_reached": True}, msg, kind="val")
+                    self.metrics.log(
+                        {"step": self.step, "samples": self.samples_seen, "target_auc": target, "target_reached": True},
+                        msg,
+                        kind="val",
+                    )
                     break
                 if self.step < self.total_steps:
                     self.mlperf.block_start(epoch_num, self.samples_seen)
@@ -358,7 +460,8 @@ class Trainer:
             self.metrics.log_line(
                 f"final validation AUC {last_val['val_auc']:.4f} (logloss {last_val['val_logloss']:.5f}, "
                 f"{last_val['val_samples']:,} samples) after {self.step} steps, "
-                f"{time.perf_counter() - t_start:.1f}s")
+                f"{time.perf_counter() - t_start:.1f}s"
+            )
         return last_val
 
     def _log_window(self, win: "_Window", t_start: float) -> None:
@@ -371,11 +474,16 @@ class Trainer:
             raise FloatingPointError(
                 f"non-finite training loss at step {first} (rank {info.rank} batch: {self._position(first)}); "
                 f"last finite metrics: {self.last_train or 'none yet'}. Lower optimizer.lr, check that batch's "
-                "rows, or set trainer.on_nonfinite=skip_batch to drop batches with non-finite inputs")
+                "rows, or set trainer.on_nonfinite=skip_batch to drop batches with non-finite inputs"
+            )
         if stats["skipped"]:
             where = "; ".join(self._position(self.step - stats["steps"] + 1 + i) for i in stats["skipped"][:5])
-            log.warning("skipped %d batch(es) with non-finite or out-of-range inputs on rank %d: %s",
-                        len(stats["skipped"]), info.rank, where)
+            log.warning(
+                "skipped %d batch(es) with non-finite or out-of-range inputs on rank %d: %s",
+                len(stats["skipped"]),
+                info.rank,
+                where,
+            )
         elapsed = stats["elapsed"]
         rec = {
             "step": self.step,
@@ -393,12 +501,19 @@ class Trainer:
         if self.skip_nonfinite:
             rec["skipped_batches"] = stats["skipped_global"]
         auc = f"{rec['train_auc']:.4f}" if math.isfinite(rec["train_auc"]) else "n/a"
-        self.metrics.log(rec, (
-            f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {rec['loss']:.5f} | "
-            f"auc(win) {auc} | lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | "
-            f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s"))
-        self.last_train = {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()
-                           if k in ("step", "loss", "train_auc", "lr")}
+        self.metrics.log(
+            rec,
+            (
+                f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {rec['loss']:.5f} | "
+                f"auc(win) {auc} | lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | "
+                f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s"
+            ),
+        )
+        self.last_train = {
+            k: round(v, 6) if isinstance(v, float) else v
+            for k, v in rec.items()
+            if k in ("step", "loss", "train_auc", "lr")
+        }
         self.history.append(rec)
 
     # ------------------------------------------------------------------------------------------------- eval
@@ -413,8 +528,13 @@ class Trainer:
         model.eval()
         acc = EvalAccumulator(info.device, self.auc_method)
         for batch, weight in data_mod.eval_batches(
-                split, batch_size=self.eval_batch_size, rank=info.rank, world_size=info.world_size,
-                feature_names=FEATURE_NAMES, multi_hot=self.multi_hot):
+            split,
+            batch_size=self.eval_batch_size,
+            rank=info.rank,
+            world_size=info.world_size,
+            feature_names=FEATURE_NAMES,
+            multi_hot=self.multi_hot,
+        ):
             _, out = model(batch.to(info.device))
             weight = weight.to(info.device)
             if len(out) > 3:  # skip_batch: rows of a batch with non-finite inputs do not count
@@ -425,10 +545,15 @@ class Trainer:
         rec: Dict[str, Any] = {"step": self.step, "samples": self.samples_seen}
         rec.update({f"{kind}_{k}": v for k, v in res.items()})
         rec["eval_s"] = time.perf_counter() - t0
-        self.metrics.log(rec, (
-            f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {res['auc']:.4f} | logloss {res['logloss']:.5f} | "
-            f"ne {res['ne']:.4f} | acc {res['accuracy']:.4f} | calib {res['calibration']:.3f} | "
-            f"{res['samples']:,} samples | {rec['eval_s']:.1f}s"), kind=kind)
+        self.metrics.log(
+            rec,
+            (
+                f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {res['auc']:.4f} | logloss {res['logloss']:.5f} | "
+                f"ne {res['ne']:.4f} | acc {res['accuracy']:.4f} | calib {res['calibration']:.3f} | "
+                f"{res['samples']:,} samples | {rec['eval_s']:.1f}s"
+            ),
+            kind=kind,
+        )
         if kind == "val":
             self.mlperf.eval(self.step / self.steps_per_epoch, res["auc"], self.samples_seen)
         self.history.append(rec)
@@ -491,11 +616,13 @@ class _Window:
         running = time.perf_counter() - self.t0 if self.t0 == self.t0 else 0.0  # NaN while paused
         return max(self.banked + running, 1e-9)
 
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, ok: Optional[torch.Tensor],
-            samples: int) -> None:
+    def add(
+        self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, ok: Optional[torch.Tensor], samples: int
+    ) -> None:
         self.losses.append(loss.detach().float().reshape(()))
-        self.oks.append(ok.detach().reshape(()) if ok is not None else torch.ones((), dtype=torch.bool,
-                                                                                    device=loss.device))
+        self.oks.append(
+            ok.detach().reshape(()) if ok is not None else torch.ones((), dtype=torch.bool, device=loss.device)
+        )
         self.logits.append(logits.detach())
         self.labels.append(labels.detach())
         self.samples += samples
@@ -508,9 +635,14 @@ class _Window:
         finite = torch.isfinite(losses)
         kept = oks & finite
         # per step: 1 where the loss is non-finite on this rank; summed over ranks below
-        vec = torch.cat([torch.where(kept, losses, torch.zeros_like(losses)).sum().reshape(1),
-                         kept.float().sum().reshape(1), (~oks).float().sum().reshape(1),
-                         ((~finite) & oks).float()]).double()
+        vec = torch.cat(
+            [
+                torch.where(kept, losses, torch.zeros_like(losses)).sum().reshape(1),
+                kept.float().sum().reshape(1),
+                (~oks).float().sum().reshape(1),
+                ((~finite) & oks).float(),
+            ]
+        ).double()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(vec)
         bad = [i for i, v in enumerate(vec[3:].tolist()) if v > 0]

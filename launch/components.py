@@ -26,8 +26,11 @@ from torchx.components.dist import ddp
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers get a fresh TCPStore per restart instead of sharing the
 # agent's, whose keys outlive a restart; with it shared, a rank restarted by `torchrun --max_restarts` can read
 # a peer's address from the previous attempt and fail to connect (pytorch/pytorch#135712, #167288).
-DEFAULT_ENV: Dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1",
-                               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+DEFAULT_ENV: Dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "PYTHONUNBUFFERED": "1",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+}
 DATA_DST = "/data"
 OUTPUTS_DST = "/outputs"
 # The run-name rule of dlrm/cli.py (_NAME_OK), checked here too so a bad name fails at launch, not on the cluster.
@@ -110,8 +113,9 @@ def trainer(
         job_env["DLRM_OUTPUT_ROOT"] = output_root
     if run_name is not None:
         if not RUN_NAME_RE.fullmatch(run_name):
-            raise ValueError(f"--run_name={run_name!r} is not a plain directory name; use letters, digits, '.', "
-                             "'_' and '-'")
+            raise ValueError(
+                f"--run_name={run_name!r} is not a plain directory name; use letters, digits, '.', '_' and '-'"
+            )
         job_env["DLRM_RUN_NAME"] = run_name
     job_env.update(env or {})
     all_mounts += mounts or []
@@ -132,5 +136,5 @@ def trainer(
     if max_restarts:  # dist.ddp has no such parameter: add torchrun's flag to its command line
         role = app.roles[0]
         assert role.args[1].startswith("torchrun "), role.args
-        role.args[1] = f"torchrun --max_restarts {max_restarts} " + role.args[1][len("torchrun "):]
+        role.args[1] = f"torchrun --max_restarts {max_restarts} " + role.args[1][len("torchrun ") :]
     return app

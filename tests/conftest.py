@@ -23,7 +23,8 @@ TB_SAMPLE = CRITEO_DIR / "terabyte_day0_head1000.tsv"
 
 needs_kaggle = pytest.mark.skipif(
     not KAGGLE_SAMPLE.is_file(),
-    reason=f"real Criteo rows not found at {KAGGLE_SAMPLE} (the repo expects ../shared/data/criteo beside it)")
+    reason=f"real Criteo rows not found at {KAGGLE_SAMPLE} (the repo expects ../shared/data/criteo beside it)",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
@@ -45,8 +46,14 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, q: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         # plain pickle copies tensor data; multiprocessing's own pickler would share it through memory that
@@ -91,7 +98,22 @@ def bench_smoke_two_processes(script: str, out: Path, result_file: str) -> dict:
     the JSON it wrote to ``out / result_file``."""
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
-    p = subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc_per_node", "2", f"bench/{script}",
-                        "--smoke", "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            str(bin_dir / "torchrun"),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            f"bench/{script}",
+            "--smoke",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return json.loads((out / result_file).read_text())

@@ -37,25 +37,47 @@ def test_idle_gaps_splits_host_and_device_waits() -> None:
     import pipeline_ab as ab
 
     def k(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict:
-        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": stream,
-                "args": {"correlation": corr, "stream": stream}}
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+            "tid": stream,
+            "args": {"correlation": corr, "stream": stream},
+        }
 
     def launch(ts: float, dur: float, corr: int) -> dict:
-        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": dur, "tid": 1,
-                "args": {"correlation": corr}}
+        return {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": ts,
+            "dur": dur,
+            "tid": 1,
+            "args": {"correlation": corr},
+        }
 
     def frame(name: str, ts: float, dur: float) -> dict:
         return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": 1}
 
     events = [
-        k("A", 0, 10, 1), launch(-5, 2, 1),
-        k("B", 20, 10, 2), launch(18, 1, 2),  # launched after the gap 10-20 began: host
+        k("A", 0, 10, 1),
+        launch(-5, 2, 1),
+        k("B", 20, 10, 2),
+        launch(18, 1, 2),  # launched after the gap 10-20 began: host
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 11, "dur": 6, "tid": 1},
-        k("C", 35, 5, 3, stream=9), launch(25, 1, 3),  # queued before the gap 30-35: device
-        k("D", 38, 10, 4), launch(26, 1, 4),  # overlaps C on another stream: no gap
-        k("E", 49, 1, 5), launch(27, 1, 5),  # a 1 us hole: below min_us
-        k("F", 60, 5, 6), launch(56, 3, 6),  # gap 50-60, no blocking call: blamed on the launching frame
-        frame("train.py(1): step", 0, 100), frame("a.py(5): sync_fn", 10.5, 7), frame("b.py(9): launch_fn", 55, 4),
+        k("C", 35, 5, 3, stream=9),
+        launch(25, 1, 3),  # queued before the gap 30-35: device
+        k("D", 38, 10, 4),
+        launch(26, 1, 4),  # overlaps C on another stream: no gap
+        k("E", 49, 1, 5),
+        launch(27, 1, 5),  # a 1 us hole: below min_us
+        k("F", 60, 5, 6),
+        launch(56, 3, 6),  # gap 50-60, no blocking call: blamed on the launching frame
+        frame("train.py(1): step", 0, 100),
+        frame("a.py(5): sync_fn", 10.5, 7),
+        frame("b.py(9): launch_fn", 55, 4),
         frame("torch/nn/modules/module.py(1): _call_impl", 55.5, 2),  # module plumbing is skipped
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 70},  # not a complete event
     ]
@@ -65,9 +87,11 @@ def test_idle_gaps_splits_host_and_device_waits() -> None:
     assert out["device_ms_per_step"] == pytest.approx(5 / 2000)
     assert out["busy_ms_per_step"] == pytest.approx(39 / 2000)
     assert out["gaps_per_step"] == 1.5
-    assert out["top"] == [("host", "cudaStreamSynchronize in a.py(5): sync_fn", pytest.approx(0.005), 0.5),
-                          ("host", "launch in b.py(9): launch_fn", pytest.approx(0.005), 0.5),
-                          ("device", "C (stream 9)", pytest.approx(0.0025), 0.5)]
+    assert out["top"] == [
+        ("host", "cudaStreamSynchronize in a.py(5): sync_fn", pytest.approx(0.005), 0.5),
+        ("host", "launch in b.py(9): launch_fn", pytest.approx(0.005), 0.5),
+        ("device", "C (stream 9)", pytest.approx(0.0025), 0.5),
+    ]
     # CUDA activity only (no Python frames): the host gaps name the kernel the GPU waited for
     bare = ab.idle_gaps({"traceEvents": [e for e in events if e.get("cat") != "python_function"]}, steps=2)
     assert [label for _, label, _, _ in bare["top"]] == ["cudaStreamSynchronize -> B", "launch -> F", "C (stream 9)"]
@@ -84,9 +108,16 @@ def test_batch_pool_ids_dtype() -> None:
 
     from dlrm.config import ModelConfig
 
-    mc = ModelConfig(name="t", embedding_dim=8, row_cap=1000, multi_hot_sizes=[3] * 26,
-                     dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1], dcn_num_layers=1,
-                     dcn_low_rank_dim=4)
+    mc = ModelConfig(
+        name="t",
+        embedding_dim=8,
+        row_cap=1000,
+        multi_hot_sizes=[3] * 26,
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[8, 1],
+        dcn_num_layers=1,
+        dcn_low_rank_dim=4,
+    )
     cpu = torch.device("cpu")
     b64 = ab.make_batches(mc, 4, 2, cpu, False, seed=7)
     b32 = ab.make_batches(mc, 4, 2, cpu, False, seed=7, ids_dtype=ab.IDS_DTYPES["int32"])

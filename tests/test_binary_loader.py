@@ -53,8 +53,10 @@ def ds(tmp_path_factory) -> Path:
 
 
 def whole(ds: Path):
-    days = [(np.load(ds / f"day_{d}_dense.npy"), np.load(ds / f"day_{d}_sparse.npy"),
-             np.load(ds / f"day_{d}_labels.npy")) for d in range(3)]
+    days = [
+        (np.load(ds / f"day_{d}_dense.npy"), np.load(ds / f"day_{d}_sparse.npy"), np.load(ds / f"day_{d}_labels.npy"))
+        for d in range(3)
+    ]
     return days
 
 
@@ -77,7 +79,7 @@ def test_multi_hot_equals_reference_procedure(ds: Path) -> None:
         flat = np.load(ds / f"day_{d}_sparse_multi_hot.npy")
         n, base = ids.shape[0], 0
         for t, m in enumerate(SIZES):
-            np.testing.assert_array_equal(flat[n * base:n * (base + m)].reshape(n, m), ref[t][ids[:, t]])
+            np.testing.assert_array_equal(flat[n * base : n * (base + m)].reshape(n, m), ref[t][ids[:, t]])
             base += m
 
 
@@ -86,20 +88,51 @@ def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
     """Every rank's batches hold exactly the rows the in-memory Split path gives (dense, labels, KJT)."""
     train, val, test = B.load_splits(str(ds), ROWS, None, multi_hot_files=mode == "materialized", prefetch=2)
     days = whole(ds)
-    mem = D.Split(torch.from_numpy(np.concatenate([d[0] for d in days[:2]])),
-                  torch.from_numpy(np.concatenate([d[1] for d in days[:2]]).astype(np.int64)),
-                  torch.from_numpy(np.concatenate([d[2][:, 0] for d in days[:2]]).astype(np.float32)), "train")
+    mem = D.Split(
+        torch.from_numpy(np.concatenate([d[0] for d in days[:2]])),
+        torch.from_numpy(np.concatenate([d[1] for d in days[:2]]).astype(np.int64)),
+        torch.from_numpy(np.concatenate([d[2][:, 0] for d in days[:2]]).astype(np.float32)),
+        "train",
+    )
     meta = B.read_meta(str(ds))
     bmh = None if mode == "one_hot" else B.make_multi_hot(str(ds), meta, mode, SIZES, 0)
     mmh = None if mode == "one_hot" else D.MultiHot(ROWS, SIZES, 0)
     assert len(train) == 1255 and len(val) == 202 and len(test) == 201  # last day: ceil(403/2) validate
     world, gb = 2, 100
-    per_rank = [list(D.train_batches(train, global_batch=gb, rank=r, world_size=world, epochs=1, max_steps=None,
-                                     feature_names=FEATURE_NAMES, multi_hot=bmh, shuffle=False, seed=0))
-                for r in range(world)]
-    ref = [list(D.train_batches(mem, global_batch=gb, rank=r, world_size=world, epochs=1, max_steps=None,
-                                feature_names=FEATURE_NAMES, multi_hot=mmh, shuffle=False, seed=0))
-           for r in range(world)]
+    per_rank = [
+        list(
+            D.train_batches(
+                train,
+                global_batch=gb,
+                rank=r,
+                world_size=world,
+                epochs=1,
+                max_steps=None,
+                feature_names=FEATURE_NAMES,
+                multi_hot=bmh,
+                shuffle=False,
+                seed=0,
+            )
+        )
+        for r in range(world)
+    ]
+    ref = [
+        list(
+            D.train_batches(
+                mem,
+                global_batch=gb,
+                rank=r,
+                world_size=world,
+                epochs=1,
+                max_steps=None,
+                feature_names=FEATURE_NAMES,
+                multi_hot=mmh,
+                shuffle=False,
+                seed=0,
+            )
+        )
+        for r in range(world)
+    ]
     assert len(per_rank[0]) == len(per_rank[1]) == 13  # 12 full global batches + 55 rows -> 27 per rank
     assert [b.labels.shape[0] for b in per_rank[0]] == [50] * 12 + [27]
     for r in range(world):
@@ -121,14 +154,15 @@ def test_eval_batches_pad_with_weight_zero_and_cover_each_row_once(ds: Path) -> 
     seen = []
     counts = []
     for r in range(3):
-        out = list(D.eval_batches(val, batch_size=32, rank=r, world_size=3, feature_names=FEATURE_NAMES,
-                                  multi_hot=mh))
+        out = list(D.eval_batches(val, batch_size=32, rank=r, world_size=3, feature_names=FEATURE_NAMES, multi_hot=mh))
         counts.append(len(out))
         for batch, w in out:
             assert batch.dense_features.shape == (32, 13) and batch.sparse_features.values().numel() == 32 * 214
             real = w.bool()
             seen.append(batch.dense_features[real])
-            assert torch.equal(batch.dense_features[~real], torch.from_numpy(dense_day2[:1]).expand(int((~real).sum()), 13))
+            assert torch.equal(
+                batch.dense_features[~real], torch.from_numpy(dense_day2[:1]).expand(int((~real).sum()), 13)
+            )
     assert counts == [3, 3, 3]  # 202 rows: shares 67, 67, 68 -> 3 batches each
     np.testing.assert_array_equal(torch.cat(seen).numpy(), dense_day2[:202])
 
@@ -144,7 +178,7 @@ def _copy_ds(src: Path, dst: Path) -> Path:
 def test_truncated_file_names_file_and_row(ds: Path, tmp_path: Path) -> None:
     d = _copy_ds(ds, tmp_path / "d")
     p = d / "day_1_sparse.npy"
-    p.write_bytes(p.read_bytes()[:-(26 * 4 * 10 + 5)])
+    p.write_bytes(p.read_bytes()[: -(26 * 4 * 10 + 5)])
     with pytest.raises(B.BinaryFormatError, match=r"day_1_sparse.npy: truncated: .* row 544 is the first incomplete"):
         B.load_splits(str(d), ROWS, None, multi_hot_files=False)
 
@@ -163,10 +197,25 @@ def test_id_outside_table_is_an_error_not_a_remap(ds: Path, tmp_path: Path, valu
     ids[123, 4] = value
     np.save(d / "day_1_sparse.npy", ids)
     train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=False)
-    with pytest.raises(B.BinaryFormatError, match=rf"day_1_sparse.npy: row 123 \(0-based\), feature C5: id {value} "
-                       rf"is outside table 4's {ROWS[4]} rows"):
-        list(D.train_batches(train, global_batch=200, rank=0, world_size=1, epochs=1, max_steps=None,
-                             feature_names=FEATURE_NAMES, multi_hot=None, shuffle=False, seed=0))
+    with pytest.raises(
+        B.BinaryFormatError,
+        match=rf"day_1_sparse.npy: row 123 \(0-based\), feature C5: id {value} "
+        rf"is outside table 4's {ROWS[4]} rows",
+    ):
+        list(
+            D.train_batches(
+                train,
+                global_batch=200,
+                rank=0,
+                world_size=1,
+                epochs=1,
+                max_steps=None,
+                feature_names=FEATURE_NAMES,
+                multi_hot=None,
+                shuffle=False,
+                seed=0,
+            )
+        )
     with pytest.raises(B.BinaryFormatError, match=r"model.num_embeddings_per_feature.*differ"):
         B.load_splits(str(d), [r + 1 for r in ROWS], None, multi_hot_files=False)
 
@@ -179,15 +228,39 @@ def test_bad_materialized_id_names_file(ds: Path, tmp_path: Path) -> None:
     train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=True)
     mh = B.make_multi_hot(str(d), B.read_meta(str(d)), "materialized", SIZES, 0)
     with pytest.raises(B.BinaryFormatError, match=r"day_0_sparse_multi_hot.npy: row 2 \(0-based\), feature C2: id 999"):
-        next(iter(D.train_batches(train, global_batch=64, rank=0, world_size=1, epochs=1, max_steps=None,
-                                  feature_names=FEATURE_NAMES, multi_hot=mh, shuffle=False, seed=0)))
+        next(
+            iter(
+                D.train_batches(
+                    train,
+                    global_batch=64,
+                    rank=0,
+                    world_size=1,
+                    epochs=1,
+                    max_steps=None,
+                    feature_names=FEATURE_NAMES,
+                    multi_hot=mh,
+                    shuffle=False,
+                    seed=0,
+                )
+            )
+        )
 
 
 def _mat_batches(d: Path, global_batch: int):
     train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=True)
     mh = B.make_multi_hot(str(d), B.read_meta(str(d)), "materialized", SIZES, 0)
-    return D.train_batches(train, global_batch=global_batch, rank=0, world_size=1, epochs=1, max_steps=None,
-                           feature_names=FEATURE_NAMES, multi_hot=mh, shuffle=False, seed=0)
+    return D.train_batches(
+        train,
+        global_batch=global_batch,
+        rank=0,
+        world_size=1,
+        epochs=1,
+        max_steps=None,
+        feature_names=FEATURE_NAMES,
+        multi_hot=mh,
+        shuffle=False,
+        seed=0,
+    )
 
 
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 18])
@@ -201,15 +274,13 @@ def test_materialized_chunked_copy_equals_reference_bags(ds: Path, monkeypatch, 
     batches = list(_mat_batches(ds, 96))
     assert len(batches) == 14 and [b.labels.shape[0] for b in batches] == [96] * 13 + [7]  # 1255 rows
     for i in (0, 7, 13):  # 7: rows 672-767, 28 of day 0 then 68 of day 1
-        rows = ids[96 * i:96 * (i + 1)]
+        rows = ids[96 * i : 96 * (i + 1)]
         want = np.concatenate([ref[t][rows[:, t]].reshape(-1) for t in range(len(ROWS))])
         np.testing.assert_array_equal(batches[i].sparse_features.values().numpy(), want)
 
 
-
 @pytest.mark.parametrize("value", [ROWS[20], 2**31 - 1, -5])
-def test_bad_materialized_id_in_a_later_chunk_exact_message(ds: Path, tmp_path: Path, monkeypatch,
-                                                            value: int) -> None:
+def test_bad_materialized_id_in_a_later_chunk_exact_message(ds: Path, tmp_path: Path, monkeypatch, value: int) -> None:
     """An id past the first checked piece of a table's section (day 1 row 2, bag position 37 of table 20, batch
     crossing days) is caught when its batch is read, not before, with the exact message."""
     monkeypatch.setattr(B.BatchReader, "CHECK_CHUNK", 16)
@@ -224,14 +295,18 @@ def test_bad_materialized_id_in_a_later_chunk_exact_message(ds: Path, tmp_path: 
     assert str(e.value) == (
         f"{d}/day_1_sparse_multi_hot.npy: row 2 (0-based), feature C21: id {value} is outside table 20's 400 rows "
         "(ids are never remapped); the file is corrupt or was built for other table sizes: re-run "
-        "data/preprocess_criteo.py")
+        "data/preprocess_criteo.py"
+    )
 
 
 def test_materialized_without_multi_hot_files_is_an_error(ds: Path) -> None:
     train, _, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=False)
     mh = B.make_multi_hot(str(ds), B.read_meta(str(ds)), "materialized", SIZES, 0)
-    with pytest.raises(B.BinaryFormatError, match=r"materialized multi-hot asked for, but the train split was opened "
-                       r"without its day_\*_sparse_multi_hot.npy files"):
+    with pytest.raises(
+        B.BinaryFormatError,
+        match=r"materialized multi-hot asked for, but the train split was opened "
+        r"without its day_\*_sparse_multi_hot.npy files",
+    ):
         B.BatchReader(train, FEATURE_NAMES, mh)
 
 
@@ -267,17 +342,25 @@ def _train_both(rank: int, world: int, tmp: str, common: List[str]) -> List[dict
     from dlrm.trainer import Trainer
 
     out = []
-    for name, extra in (("tsv", [f"data.train_path={tmp}/train.tsv", f"data.val_path={tmp}/val.tsv",
-                                 f"data.test_path={tmp}/test.tsv"]),
-                        ("bin", [f"data.dataset_dir={tmp}/bin"])):
+    for name, extra in (
+        ("tsv", [f"data.train_path={tmp}/train.tsv", f"data.val_path={tmp}/val.tsv", f"data.test_path={tmp}/test.tsv"]),
+        ("bin", [f"data.dataset_dir={tmp}/bin"]),
+    ):
         data = "criteo_tsv" if name == "tsv" else "criteo_binary"
         t = Trainer(compose([f"data={data}", *common, *extra]), f"{tmp}/run_{name}")
         try:
             t.fit()
         finally:
             t.close()
-        out.append({k: v for r in t.history if "loss" not in r for k, v in r.items() if k.endswith("auc")
-                    or k.endswith("logloss")})
+        out.append(
+            {
+                k: v
+                for r in t.history
+                if "loss" not in r
+                for k, v in r.items()
+                if k.endswith("auc") or k.endswith("logloss")
+            }
+        )
     return out
 
 
@@ -294,12 +377,24 @@ def test_trainer_on_binary_equals_trainer_on_tsv(tmp_path: Path) -> None:
     (tmp_path / "val.tsv").write_text("".join(days[2][:151]))  # MLPerf: first ceil(N/2) rows validate
     (tmp_path / "test.tsv").write_text("".join(days[2][151:]))
     rows = to_config(compose([])).model.table_rows
-    P.preprocess(out=str(tmp_path / "bin"), layout="terabyte", inputs=[str(tmp_path / f"day_{k}") for k in range(3)],
-                 days=[0, 1, 2], table_rows=rows, transform="log1p", workers=1)
-    common = ["data.global_batch_size=64", "eval.batch_size=50", "trainer.epochs=1", "data.multi_hot=true",
-              "eval.per_epoch=2", "eval.every_n_steps=null"]
+    P.preprocess(
+        out=str(tmp_path / "bin"),
+        layout="terabyte",
+        inputs=[str(tmp_path / f"day_{k}") for k in range(3)],
+        days=[0, 1, 2],
+        table_rows=rows,
+        transform="log1p",
+        workers=1,
+    )
+    common = [
+        "data.global_batch_size=64",
+        "eval.batch_size=50",
+        "trainer.epochs=1",
+        "data.multi_hot=true",
+        "eval.per_epoch=2",
+        "eval.every_n_steps=null",
+    ]
     res = run_gloo(1, _train_both, str(tmp_path), common)
     tsv, binary = res[0]
     assert tsv and set(tsv) == set(binary) and "val_auc" in tsv and "test_auc" in tsv
     assert tsv == binary
-

@@ -20,10 +20,38 @@ from dlrm.data import binary as B
 from dlrm.data import preprocess as P
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
-needs_tb = pytest.mark.skipif(not TB_SAMPLE.is_file(), reason=f"real Criteo 1TB rows not found at {TB_SAMPLE} "
-                              "(the repo expects ../shared/data/criteo beside it)")
-ROWS = [1000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 1000, 3000, 4000, 10, 2209, 11938, 155, 4, 976, 14,
-        1000, 1000, 1000, 5000, 12973, 108, 36]
+needs_tb = pytest.mark.skipif(
+    not TB_SAMPLE.is_file(),
+    reason=f"real Criteo 1TB rows not found at {TB_SAMPLE} (the repo expects ../shared/data/criteo beside it)",
+)
+ROWS = [
+    1000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    1000,
+    3000,
+    4000,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    1000,
+    1000,
+    1000,
+    5000,
+    12973,
+    108,
+    36,
+]
 
 
 def gen_tsv(path: Path, n: int, seed: int, missing: float = 0.2) -> None:
@@ -37,16 +65,29 @@ def gen_tsv(path: Path, n: int, seed: int, missing: float = 0.2) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def convert(out: Path, inputs: List[Path], transform: str = "log1p", workers: int = 1, layout: str = "terabyte",
-            **kw) -> dict:
+def convert(
+    out: Path, inputs: List[Path], transform: str = "log1p", workers: int = 1, layout: str = "terabyte", **kw
+) -> dict:
     days = list(range(len(inputs))) if layout == "terabyte" else []
-    return P.preprocess(out=str(out), layout=layout, inputs=[str(p) for p in inputs], days=days, table_rows=ROWS,
-                        transform=transform, workers=workers, block_bytes=kw.pop("block_bytes", 64 << 10), **kw)
+    return P.preprocess(
+        out=str(out),
+        layout=layout,
+        inputs=[str(p) for p in inputs],
+        days=days,
+        table_rows=ROWS,
+        transform=transform,
+        workers=workers,
+        block_bytes=kw.pop("block_bytes", 64 << 10),
+        **kw,
+    )
 
 
 def load_day(out: Path, d: int):
-    return (np.load(out / f"day_{d}_dense.npy"), np.load(out / f"day_{d}_sparse.npy"),
-            np.load(out / f"day_{d}_labels.npy"))
+    return (
+        np.load(out / f"day_{d}_dense.npy"),
+        np.load(out / f"day_{d}_sparse.npy"),
+        np.load(out / f"day_{d}_labels.npy"),
+    )
 
 
 def raw_ints(path: Path) -> np.ndarray:
@@ -86,8 +127,11 @@ def test_mlperf_transform_m_from_training_days_only(tmp_path: Path, days3: List[
     f[3] = "-40"
     lines[0] = "\t".join(f)
     eval_day.write_text("\n".join(lines) + "\n")
-    with pytest.raises(P.PreprocessError, match=r"day_2:1: integer feature I3 is -40, below m = -3 .* "
-                       r"pass --dense-min -40"):
+    with pytest.raises(
+        P.PreprocessError,
+        match=r"day_2:1: integer feature I3 is -40, below m = -3 .* "
+        r"pass --dense-min -40",
+    ):
         convert(tmp_path / "bad", days3[:2] + [eval_day], "mlperf")
     meta = convert(tmp_path / "out", days3, "mlperf")
     train_raw = np.concatenate([raw_ints(p) for p in days3[:2]])
@@ -196,8 +240,7 @@ def test_real_samples_parse_like_read_tsv(tmp_path: Path) -> None:
         assert fast is not None, "the fast path should take real Criteo lines"
         ref = read_tsv(str(path))
         np.testing.assert_array_equal(fast[0], ref.labels)
-        np.testing.assert_array_equal(np.log1p(np.maximum(fast[1], 0).astype(np.float64)).astype(np.float32),
-                                      ref.ints)
+        np.testing.assert_array_equal(np.log1p(np.maximum(fast[1], 0).astype(np.float64)).astype(np.float32), ref.ints)
         np.testing.assert_array_equal(fast[2], ref.cats)
     # Kaggle head and 1TB head train, 1TB head evaluates, MLPerf transform with m from the training days
     for k, src in enumerate((KAGGLE_SAMPLE, TB_SAMPLE, TB_SAMPLE)):
@@ -222,7 +265,7 @@ def _two_days(tmp_path: Path, bad: str, gz: bool = False) -> List[Path]:
     gen_tsv(good, 200, seed=2)
     if bad == "truncated":
         data = ("\n".join(lines) + "\n").encode()
-        cut = data[:len(data) - 37]  # the last line loses its end
+        cut = data[: len(data) - 37]  # the last line loses its end
         (tmp_path / "day_0").write_bytes(gzip.compress(cut)[:-20] if gz else cut)
     elif bad == "hex":
         f = lines[123].split("\t")
@@ -257,10 +300,23 @@ def test_bad_hex_names_file_and_line_like_criteo_tsv(tmp_path: Path) -> None:
 def test_cli_end_to_end_and_exit_codes(tmp_path: Path, capsys) -> None:
     gen_tsv(tmp_path / "day_0", 100, seed=1)
     (tmp_path / "day_1.gz").write_bytes(gzip.compress((tmp_path / "day_0").read_bytes()))
-    args = ["--layout", "terabyte", "--input-dir", str(tmp_path), "--days", "0-1", "--out", str(tmp_path / "out"),
-            "--row-cap", "500", "--workers", "1"]
-    p = subprocess.run([sys.executable, "data/preprocess_criteo.py", *args], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+    args = [
+        "--layout",
+        "terabyte",
+        "--input-dir",
+        str(tmp_path),
+        "--days",
+        "0-1",
+        "--out",
+        str(tmp_path / "out"),
+        "--row-cap",
+        "500",
+        "--workers",
+        "1",
+    ]
+    p = subprocess.run(
+        [sys.executable, "data/preprocess_criteo.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert "2 days, 200 rows; dense log(x - m + 2), missing x = 0, m = " in p.stdout
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())

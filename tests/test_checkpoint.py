@@ -20,8 +20,16 @@ import torch
 from conftest import REPO, run_gloo
 from test_train_e2e import BIN, ENV, records, run
 
-SMALL = ["data.batch_size=64", "data.num_train_samples=4096", "data.num_val_samples=256", "data.num_test_samples=0",
-         "eval.every_n_steps=null", "eval.at_end=false", "logger.log_every_n_steps=1", "logger.train_auc=false"]
+SMALL = [
+    "data.batch_size=64",
+    "data.num_train_samples=4096",
+    "data.num_val_samples=256",
+    "data.num_test_samples=0",
+    "eval.every_n_steps=null",
+    "eval.at_end=false",
+    "logger.log_every_n_steps=1",
+    "logger.train_auc=false",
+]
 
 
 def _losses(run_dir: Path) -> Dict[int, float]:
@@ -43,17 +51,40 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
     weights and optimizer state bit-identical (1 process)."""
     straight, part = tmp_path / "straight", tmp_path / "part"
     ck = f"checkpoint.dir={part / 'ck'}"
-    p = run([sys.executable, "train.py", f"hydra.run.dir={straight}", *SMALL, "trainer.max_steps=40",
-             "checkpoint.every_n_steps=10"])
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={straight}",
+            *SMALL,
+            "trainer.max_steps=40",
+            "checkpoint.every_n_steps=10",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
-    p = run([sys.executable, "train.py", f"hydra.run.dir={part}", *SMALL, ck, "trainer.max_steps=10",
-             "checkpoint.every_n_steps=10"])
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={part}",
+            *SMALL,
+            ck,
+            "trainer.max_steps=10",
+            "checkpoint.every_n_steps=10",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert (part / "ck" / "step_10" / ".metadata").is_file()
 
     # resume from step 10 and preempt it with SIGTERM once step 12 is logged
-    proc = subprocess.Popen([sys.executable, "train.py", f"hydra.run.dir={part}", *SMALL, ck, "trainer.max_steps=40"],
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", f"hydra.run.dir={part}", *SMALL, ck, "trainer.max_steps=40"],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out: List[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -69,8 +100,17 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
     k = int(sig[0].split("SIGTERM: finished step ")[1].split(",")[0])
     assert 12 <= k < 40 and (part / "ck" / f"step_{k}" / ".metadata").is_file(), text
 
-    p = run([sys.executable, "train.py", f"hydra.run.dir={part}", *SMALL, ck, "trainer.max_steps=40",
-             "checkpoint.every_n_steps=10"])
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={part}",
+            *SMALL,
+            ck,
+            "trainer.max_steps=40",
+            "checkpoint.every_n_steps=10",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"step_{k} at step {k}" in p.stdout
     a, b = _losses(straight), _losses(part)
@@ -91,11 +131,27 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
     read rank 0's gloo address of the first attempt from torchrun's shared store and fail to connect
     (pytorch/pytorch#135712); the trainer warns about that combination."""
     d = tmp_path / "run"
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "--max-restarts", "1", "train.py",
-           f"hydra.run.dir={d}", *SMALL, "trainer.max_steps=15", "checkpoint.every_n_steps=5"]
-    p = subprocess.run(cmd, cwd=REPO, env={**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1",
-                                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
-                       capture_output=True, text=True, timeout=300)
+    cmd = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "--max-restarts",
+        "1",
+        "train.py",
+        f"hydra.run.dir={d}",
+        *SMALL,
+        "trainer.max_steps=15",
+        "checkpoint.every_n_steps=5",
+    ]
+    p = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env={**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
     assert "killing rank 1 mid-save" in text and "exitcode: -9" in text, text
@@ -115,8 +171,10 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
 # Plans by name: per table index, a sharding type.
 def _plan_types(name: str) -> Dict[int, str]:
     if name == "mixed":  # the saving world: row_wise, table_wise, column_wise and data_parallel tables
-        return {t: ("row_wise" if t < 8 else "table_wise" if t < 16 else "column_wise" if t < 21 else
-                    "data_parallel") for t in range(26)}
+        return {
+            t: ("row_wise" if t < 8 else "table_wise" if t < 16 else "column_wise" if t < 21 else "data_parallel")
+            for t in range(26)
+        }
     if name == "table_wise":
         return {t: "table_wise" for t in range(26)}
     if name == "column_wise_head":  # the row-wise tables 0-7 become column_wise (the known exception)
@@ -139,14 +197,17 @@ def _build(plan_name: str, cfg):
     torch.manual_seed(1)
     model = build_model(cfg.model, dense_device=torch.device("cpu"))
     fuse_embedding_optimizer(model, cfg.optimizer)
-    cons = {f"t_cat_{t}": ParameterConstraints(sharding_types=[st], min_partition=8)
-            for t, st in _plan_types(plan_name).items()}
+    cons = {
+        f"t_cat_{t}": ParameterConstraints(sharding_types=[st], min_partition=8)
+        for t, st in _plan_types(plan_name).items()
+    }
     topo = topology(info.world_size, info.local_world_size, "cpu", cfg.sharding)
     planner = EmbeddingShardingPlanner(topology=topo, batch_size=64, constraints=cons)
     # the project's sharder: TorchRec's stock one refuses row_wise on CPU
     plan = planner.collective_plan(model, [EmbeddingBagSharder()], dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(module=model, device=torch.device("cpu"), plan=plan,
-                                   sharders=[EmbeddingBagSharder()])
+    dmp = DistributedModelParallel(
+        module=model, device=torch.device("cpu"), plan=plan, sharders=[EmbeddingBagSharder()]
+    )
     dense = KeyedOptimizerWrapper(dense_params(dmp), lambda ps: torch.optim.Adagrad(ps, lr=0.05, eps=1e-8))
     return info, dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
 
@@ -160,8 +221,17 @@ def _reshard_worker(rank: int, world: int, plan_name: str, load: str, save: str)
     from dlrm.config import compose, to_config
     from dlrm.model import FEATURE_NAMES
 
-    cfg = to_config(compose(["data.num_train_samples=1024", "data.num_val_samples=128", "data.multi_hot=false",
-                             "optimizer.sparse_type=rowwise_adagrad", "optimizer.lr=0.05"]))
+    cfg = to_config(
+        compose(
+            [
+                "data.num_train_samples=1024",
+                "data.num_val_samples=128",
+                "data.multi_hot=false",
+                "optimizer.sparse_type=rowwise_adagrad",
+                "optimizer.lr=0.05",
+            ]
+        )
+    )
     info, dmp, opt = _build(plan_name, cfg)
     train, val, _ = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
     out: dict = {"plan": {n: ps.sharding_type for mp in dmp.plan.plan.values() for n, ps in mp.items()}}
@@ -169,8 +239,18 @@ def _reshard_worker(rank: int, world: int, plan_name: str, load: str, save: str)
         out["skipped"] = sorted(load_app_state(load, dmp, opt).skipped)
     else:  # train 4 steps so that weights and Adagrad state are non-trivial
         pipe = TrainPipelineBase(dmp, opt, torch.device("cpu"))
-        it = data_mod.train_batches(train, global_batch=128, rank=rank, world_size=world, epochs=1, max_steps=4,
-                                    feature_names=FEATURE_NAMES, multi_hot=None, shuffle=False, seed=0)
+        it = data_mod.train_batches(
+            train,
+            global_batch=128,
+            rank=rank,
+            world_size=world,
+            epochs=1,
+            max_steps=4,
+            feature_names=FEATURE_NAMES,
+            multi_hot=None,
+            shuffle=False,
+            seed=0,
+        )
         for _ in range(4):
             pipe.progress(it)
     dcp.save(app_state(dmp, opt), checkpoint_id=save)
@@ -206,6 +286,7 @@ def test_reshard_on_load_and_export(tmp_path: Path) -> None:
         assert all(k.startswith("optim.") for k in rx["skipped"])
         not_in_a = sorted(k for k in sx if k not in sa or sa[k].shape != sx[k].shape)
         assert not_in_a == rx["skipped"]
+
     def tables(skipped: List[str]) -> List[int]:
         return sorted({int(k.split(".")[-2].split("_")[-1]) for k in skipped})
 
@@ -266,10 +347,23 @@ def test_async_save_on_cuda_staging_stream_is_the_step_state(tmp_path: Path) -> 
     from dlrm.export import full_state_dict
     from dlrm.trainer import Trainer
 
-    cfg = compose(["device=cuda", "model=dlrm_v2", "model.row_cap=1000000", "data.multi_hot=false",
-                   "data.batch_size=8192", "data.num_train_samples=65536", "data.num_val_samples=8192",
-                   "data.num_test_samples=0", "eval.every_n_steps=null", "eval.at_end=false",
-                   "checkpoint.resume=none", f"checkpoint.dir={tmp_path / 'ck'}", "optimizer.lr=0.05"])
+    cfg = compose(
+        [
+            "device=cuda",
+            "model=dlrm_v2",
+            "model.row_cap=1000000",
+            "data.multi_hot=false",
+            "data.batch_size=8192",
+            "data.num_train_samples=65536",
+            "data.num_val_samples=8192",
+            "data.num_test_samples=0",
+            "eval.every_n_steps=null",
+            "eval.at_end=false",
+            "checkpoint.resume=none",
+            f"checkpoint.dir={tmp_path / 'ck'}",
+            "optimizer.lr=0.05",
+        ]
+    )
     t = Trainer(cfg, str(tmp_path))
     t.setup()
     try:

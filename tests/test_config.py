@@ -48,7 +48,10 @@ def test_dlrm_v2_is_the_mlperf_architecture() -> None:
     assert sum(m.num_embeddings_per_feature) == 204_184_588
     assert m.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES and sum(m.multi_hot_sizes) == 214
     assert (m.embedding_dim, m.dense_arch_layer_sizes, m.over_arch_layer_sizes) == (
-        128, [512, 256, 128], [1024, 1024, 512, 256, 1])
+        128,
+        [512, 256, 128],
+        [1024, 1024, 512, 256, 1],
+    )
     assert (m.interaction, m.dcn_num_layers, m.dcn_low_rank_dim, m.row_cap) == ("dcn", 3, 512, None)
     capped = to_config(compose(["model=dlrm_v2", "model.row_cap=1000"])).model
     assert capped.table_rows[0] == 1000 and capped.table_rows[5] == 3
@@ -57,20 +60,27 @@ def test_dlrm_v2_is_the_mlperf_architecture() -> None:
 def test_criteo_sample_experiment_overrides_only_what_differs() -> None:
     cfg = to_config(compose(["experiment=criteo_sample", "data.train_path=a.tsv"]))
     assert (cfg.data.name, cfg.data.global_batch_size, cfg.data.multi_hot, cfg.trainer.epochs) == (
-        "criteo_tsv", 128, False, 1)
+        "criteo_tsv",
+        128,
+        False,
+        1,
+    )
     assert cfg.model.name == "dlrm_v2_small"
 
 
-@pytest.mark.parametrize("override,key", [
-    ("model.embedding_dim=0", "model.embedding_dim"),
-    ("model.dense_arch_layer_sizes=[64,32,8]", "model.dense_arch_layer_sizes"),
-    ("model.over_arch_layer_sizes=[64,2]", "model.over_arch_layer_sizes"),
-    ("model.multi_hot_sizes=[1,2]", "model.multi_hot_sizes"),
-    ("model.interaction=cross", "model.interaction"),
-    ("data.batch_size=0", "data.batch_size"),
-    ("optimizer.sparse_type=sgd", "optimizer.sparse_type"),
-    ("device=tpu", "device"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.embedding_dim=0", "model.embedding_dim"),
+        ("model.dense_arch_layer_sizes=[64,32,8]", "model.dense_arch_layer_sizes"),
+        ("model.over_arch_layer_sizes=[64,2]", "model.over_arch_layer_sizes"),
+        ("model.multi_hot_sizes=[1,2]", "model.multi_hot_sizes"),
+        ("model.interaction=cross", "model.interaction"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("optimizer.sparse_type=sgd", "optimizer.sparse_type"),
+        ("device=tpu", "device"),
+    ],
+)
 def test_bad_values_name_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=f"config key `{key}`"):
         to_config(compose([override]))

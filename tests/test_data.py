@@ -18,8 +18,10 @@ def test_multi_hot_follows_the_mlperf_reference_procedure() -> None:
     # The reference: np.random.seed(0), then per table in order randint(0, rows, (rows, size - 1)),
     # prepended with the id itself.
     np.random.seed(0)
-    expect = [np.concatenate([np.arange(r)[:, None], np.random.randint(0, r, size=(r, m - 1))], axis=1)
-              for r, m in zip(rows, sizes)]
+    expect = [
+        np.concatenate([np.arange(r)[:, None], np.random.randint(0, r, size=(r, m - 1))], axis=1)
+        for r, m in zip(rows, sizes)
+    ]
     ids = torch.tensor([0, 49, 3])
     np.testing.assert_array_equal(mh.bags(0, ids).numpy(), expect[0][[0, 49, 3]].reshape(-1))
     np.testing.assert_array_equal(mh.bags(1, torch.tensor([6, 2])).numpy(), [6, 2])
@@ -34,8 +36,12 @@ def test_multi_hot_refuses_huge_tables_with_a_fix() -> None:
 
 def _split(n: int) -> D.Split:
     g = torch.Generator().manual_seed(0)
-    return D.Split(torch.randn(n, 13, generator=g), torch.randint(0, 10, (n, 26), generator=g),
-                   (torch.rand(n, generator=g) < 0.5).float(), "train")
+    return D.Split(
+        torch.randn(n, 13, generator=g),
+        torch.randint(0, 10, (n, 26), generator=g),
+        (torch.rand(n, generator=g) < 0.5).float(),
+        "train",
+    )
 
 
 def test_kjt_batch_shapes() -> None:
@@ -55,9 +61,23 @@ def _global_batches(n, gb, world):
     """Concatenate the ranks' batches of each step back into global batches of row labels."""
     sp = _split(n)
     sp.labels = torch.arange(n, dtype=torch.float32)  # row numbers as labels
-    per_rank = [list(D.train_batches(sp, global_batch=gb, rank=r, world_size=world, epochs=1, max_steps=None,
-                                     feature_names=FEATURE_NAMES, multi_hot=None, shuffle=False, seed=0))
-                for r in range(world)]
+    per_rank = [
+        list(
+            D.train_batches(
+                sp,
+                global_batch=gb,
+                rank=r,
+                world_size=world,
+                epochs=1,
+                max_steps=None,
+                feature_names=FEATURE_NAMES,
+                multi_hot=None,
+                shuffle=False,
+                seed=0,
+            )
+        )
+        for r in range(world)
+    ]
     assert len({len(p) for p in per_rank}) == 1, "every rank must run the same number of steps"
     return [torch.cat([p[i].labels for p in per_rank]).long().tolist() for i in range(len(per_rank[0]))]
 
@@ -66,9 +86,9 @@ def test_global_batches_do_not_depend_on_world_size() -> None:
     one, two = _global_batches(103, 16, 1), _global_batches(103, 16, 2)
     four = _global_batches(103, 16, 4)
     assert one[:-1] == two[:-1] == four[:-1]
-    assert one[-1] == list(range(96, 103))       # the last partial batch is trained
-    assert two[-1] == list(range(96, 102))       # 7 rows over 2 ranks: 3 each, 1 left out
-    assert four[-1] == [96, 97, 98, 99]          # 7 rows over 4 ranks: 1 each
+    assert one[-1] == list(range(96, 103))  # the last partial batch is trained
+    assert two[-1] == list(range(96, 102))  # 7 rows over 2 ranks: 3 each, 1 left out
+    assert four[-1] == [96, 97, 98, 99]  # 7 rows over 4 ranks: 1 each
 
 
 def test_max_steps_and_epochs_and_shuffle() -> None:
@@ -91,8 +111,13 @@ def test_eval_batches_cover_every_row_once_and_pad_with_zero_weight(n: int, worl
     sp.labels = torch.arange(len(sp), dtype=torch.float32)
     seen, counts = [], []
     for r in range(world):
-        out = list(D.eval_batches(sp, batch_size=3, rank=r, world_size=world, feature_names=FEATURE_NAMES,
-                                  multi_hot=None)) if n else []
+        out = (
+            list(
+                D.eval_batches(sp, batch_size=3, rank=r, world_size=world, feature_names=FEATURE_NAMES, multi_hot=None)
+            )
+            if n
+            else []
+        )
         counts.append(len(out))
         for b, w in out:
             assert b.labels.shape == (3,)

@@ -22,28 +22,42 @@ from dlrm.cli import _NAME_OK, job_name, run_dir_overrides
 from launch.components import RUN_NAME_RE, trainer
 
 BIN = Path(sys.executable).parent
-SHORT = ["trainer.max_steps=20", "data.num_train_samples=10240", "data.num_val_samples=1024",
-         "logger.log_every_n_steps=10", "eval.every_n_steps=null"]
+SHORT = [
+    "trainer.max_steps=20",
+    "data.num_train_samples=10240",
+    "data.num_val_samples=1024",
+    "logger.log_every_n_steps=10",
+    "eval.every_n_steps=null",
+]
 needs_torchx = pytest.mark.skipif(shutil.which("torchx", path=str(BIN)) is None, reason="torchx is not installed")
 
 
 def _env(**extra: str) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DLRM_", "TORCHX_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DLRM_", "TORCHX_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE")
+    }
     env.update(PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
     return env
 
 
 # ------------------------------------------------------------------------------------------- run directory
-@pytest.mark.parametrize("env,name", [
-    ({}, None),
-    ({"TORCHELASTIC_RUN_ID": "none"}, None),                       # torchrun's static-rendezvous placeholder
-    ({"TORCHELASTIC_RUN_ID": "45cf2ab6-ab5f-4647-9bef-99f4d59fb395"}, "45cf2ab6-ab5f-4647-9bef-99f4d59fb395"),
-    ({"TORCHX_JOB_ID": "local_cwd://torchx/train-k2x9s8d", "TORCHELASTIC_RUN_ID": "train-k2x9s8d"}, "train-k2x9s8d"),
-    ({"TORCHX_JOB_ID": "slurm://torchx/81234", "TORCHELASTIC_RUN_ID": "81234"}, "81234"),
-    ({"TORCHX_JOB_ID": "kubernetes://torchx/ml:dlrm-v2-x1", "TORCHELASTIC_RUN_ID": "x"}, "ml_dlrm-v2-x1"),
-    ({"DLRM_RUN_NAME": "ablation.3", "TORCHX_JOB_ID": "local_cwd://torchx/train-k2"}, "ablation.3"),
-])
+@pytest.mark.parametrize(
+    "env,name",
+    [
+        ({}, None),
+        ({"TORCHELASTIC_RUN_ID": "none"}, None),  # torchrun's static-rendezvous placeholder
+        ({"TORCHELASTIC_RUN_ID": "45cf2ab6-ab5f-4647-9bef-99f4d59fb395"}, "45cf2ab6-ab5f-4647-9bef-99f4d59fb395"),
+        (
+            {"TORCHX_JOB_ID": "local_cwd://torchx/train-k2x9s8d", "TORCHELASTIC_RUN_ID": "train-k2x9s8d"},
+            "train-k2x9s8d",
+        ),
+        ({"TORCHX_JOB_ID": "slurm://torchx/81234", "TORCHELASTIC_RUN_ID": "81234"}, "81234"),
+        ({"TORCHX_JOB_ID": "kubernetes://torchx/ml:dlrm-v2-x1", "TORCHELASTIC_RUN_ID": "x"}, "ml_dlrm-v2-x1"),
+        ({"DLRM_RUN_NAME": "ablation.3", "TORCHX_JOB_ID": "local_cwd://torchx/train-k2"}, "ablation.3"),
+    ],
+)
 def test_job_name_sources_in_order(env: Dict[str, str], name: str) -> None:
     assert job_name(env) == name
 
@@ -60,17 +74,23 @@ def test_bad_run_name_is_refused_naming_the_variable(bad: str) -> None:
 def test_run_dir_overrides() -> None:
     job = {"TORCHX_JOB_ID": "local_cwd://torchx/train-k2", "TORCHELASTIC_RUN_ID": "train-k2"}
     assert run_dir_overrides([], {**job, "RANK": "0"}) == ["hydra.run.dir='outputs/train-k2'"]
-    assert run_dir_overrides([], {**job, "RANK": "1"}) == ["hydra.output_subdir=null",
-                                                           "hydra.run.dir='outputs/train-k2'"]
+    assert run_dir_overrides([], {**job, "RANK": "1"}) == [
+        "hydra.output_subdir=null",
+        "hydra.run.dir='outputs/train-k2'",
+    ]
     assert run_dir_overrides([], {**job, "RANK": "1", "DLRM_OUTPUT_ROOT": "/mnt/runs"}) == [
-        "hydra.output_subdir=null", "hydra.run.dir='/mnt/runs/train-k2'"]
+        "hydra.output_subdir=null",
+        "hydra.run.dir='/mnt/runs/train-k2'",
+    ]
     # the user's hydra.run.dir wins on every rank
     assert run_dir_overrides(["hydra.run.dir=/x"], {**job, "RANK": "0"}) == []
     assert run_dir_overrides(["a=1", "hydra.run.dir=/x"], {**job, "RANK": "3"}) == ["hydra.output_subdir=null"]
     # no job name: rank 0 keeps the config's timestamped default, other ranks make no directory of their own
     assert run_dir_overrides([], {}) == []
     assert run_dir_overrides([], {"RANK": "1", "TORCHELASTIC_RUN_ID": "none"}) == [
-        "hydra.output_subdir=null", "hydra.run.dir='outputs'"]
+        "hydra.output_subdir=null",
+        "hydra.run.dir='outputs'",
+    ]
     assert run_dir_overrides([], {"DLRM_OUTPUT_ROOT": "/r"}) == ["hydra.run.dir='/r/${now:%Y-%m-%d}/${now:%H-%M-%S}'"]
     with pytest.raises(ValueError, match="DLRM_OUTPUT_ROOT"):
         run_dir_overrides([], {**job, "DLRM_OUTPUT_ROOT": "/it's"})
@@ -94,8 +114,14 @@ def _check_run_dir(d: Path, world: int) -> None:
 
 def test_torchrun_two_ranks_share_one_run_dir_named_by_run_id(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", *SHORT],
-                       cwd=REPO, env=_env(DLRM_OUTPUT_ROOT=str(root)), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", *SHORT],
+        cwd=REPO,
+        env=_env(DLRM_OUTPUT_ROOT=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     d = _only_run_dir(root)
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", d.name), d.name
@@ -105,9 +131,21 @@ def test_torchrun_two_ranks_share_one_run_dir_named_by_run_id(tmp_path: Path) ->
 
 # --------------------------------------------------------------------------------------------- component
 def test_component_appdef() -> None:
-    app = trainer("model=dlrm_v2", "trainer.max_steps=5", j="2x8", gpu=8, cpu=32, memMB=512000, max_retries=3,
-                  data="/mnt/criteo", outputs="pvc:dlrm-runs", mounts=["type=bind", "src=/ckpt", "dst=/ckpt"],
-                  env={"NCCL_DEBUG": "INFO", "X": "1"}, run_name="exp1", name="dlrm")
+    app = trainer(
+        "model=dlrm_v2",
+        "trainer.max_steps=5",
+        j="2x8",
+        gpu=8,
+        cpu=32,
+        memMB=512000,
+        max_retries=3,
+        data="/mnt/criteo",
+        outputs="pvc:dlrm-runs",
+        mounts=["type=bind", "src=/ckpt", "dst=/ckpt"],
+        env={"NCCL_DEBUG": "INFO", "X": "1"},
+        run_name="exp1",
+        name="dlrm",
+    )
     (role,) = app.roles
     assert app.name == "dlrm" and role.image == "dlrm-v2:latest"
     assert role.num_replicas == 2 and role.max_retries == 3
@@ -116,12 +154,21 @@ def test_component_appdef() -> None:
     assert role.entrypoint == "bash" and cmd.startswith("torchrun ")
     assert "--nnodes 2 --nproc_per_node 8" in cmd and cmd.endswith("train.py model=dlrm_v2 trainer.max_steps=5")
     assert {k: role.env[k] for k in ("NCCL_NVLS_ENABLE", "NCCL_DEBUG", "DLRM_OUTPUT_ROOT", "DLRM_RUN_NAME", "X")} == {
-        "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "DLRM_OUTPUT_ROOT": "/outputs", "DLRM_RUN_NAME": "exp1",
-        "X": "1"}
-    mounts = [(type(m).__name__, getattr(m, "src_path", getattr(m, "src", None)), m.dst_path, m.read_only)
-              for m in role.mounts]
-    assert mounts == [("BindMount", "/mnt/criteo", "/data", True), ("VolumeMount", "dlrm-runs", "/outputs", False),
-                      ("BindMount", "/ckpt", "/ckpt", False)]
+        "NCCL_NVLS_ENABLE": "0",
+        "NCCL_DEBUG": "INFO",
+        "DLRM_OUTPUT_ROOT": "/outputs",
+        "DLRM_RUN_NAME": "exp1",
+        "X": "1",
+    }
+    mounts = [
+        (type(m).__name__, getattr(m, "src_path", getattr(m, "src", None)), m.dst_path, m.read_only)
+        for m in role.mounts
+    ]
+    assert mounts == [
+        ("BindMount", "/mnt/criteo", "/data", True),
+        ("VolumeMount", "dlrm-runs", "/outputs", False),
+        ("BindMount", "/ckpt", "/ckpt", False),
+    ]
 
     assert role.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # in-place restarts rejoin (pytorch#135712)
     assert "--max_restarts" not in cmd
@@ -161,9 +208,28 @@ def test_torchxconfig_options_are_known_to_torchx() -> None:
 @needs_torchx
 def test_torchx_component_two_processes_one_run_dir_named_by_app_id(tmp_path: Path) -> None:
     root, logs = tmp_path / "runs", tmp_path / "logs"
-    p = subprocess.run([str(BIN / "torchx"), "run", "-s", "local_cwd", "-cfg", f"log_dir={logs}",
-                        "launch/components.py:trainer", "-j", "1x2", "--output_root", str(root), "--", *SHORT],
-                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            str(BIN / "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "-cfg",
+            f"log_dir={logs}",
+            "launch/components.py:trainer",
+            "-j",
+            "1x2",
+            "--output_root",
+            str(root),
+            "--",
+            *SHORT,
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     app_id = re.search(r"local_cwd://torchx/(dlrm-v2-\w+)", p.stdout + p.stderr)
     assert app_id, p.stdout + p.stderr

@@ -36,8 +36,9 @@ def _pins(lines) -> Dict[str, str]:
 def test_dockerfile_pins_the_gpu_extra() -> None:
     gpu = _pins(PYPROJECT["project"]["optional-dependencies"]["gpu"])
     assert set(gpu) == {"torch", "fbgemm-gpu", "torchrec"}
-    installed = {_norm(n): v for n, v in re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)",
-                                                   DOCKERFILE)}
+    installed = {
+        _norm(n): v for n, v in re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)", DOCKERFILE)
+    }
     assert installed == gpu
     asserted = re.search(r"assert got == \('([\w.]+)', '([\w.]+)', '([\w.]+)'\)", DOCKERFILE)
     assert asserted and asserted.groups() == (gpu["torch"], gpu["fbgemm-gpu"], gpu["torchrec"])
@@ -86,18 +87,38 @@ def test_editable_install_console_script_trains_from_any_directory(tmp_path: Pat
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(purelib, "shared.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    p = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                        "-e", str(REPO)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-e", str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "DLRM_RUN_NAME": "console", "PYTHONUNBUFFERED": "1"}
-    p = subprocess.run([str(venv / "bin" / "dlrm-train"), "trainer.max_steps=4", "logger.log_every_n_steps=2",
-                        "eval.every_n_steps=null", "data.num_train_samples=4096", "data.num_val_samples=512"],
-                       cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            str(venv / "bin" / "dlrm-train"),
+            "trainer.max_steps=4",
+            "logger.log_every_n_steps=2",
+            "eval.every_n_steps=null",
+            "data.num_train_samples=4096",
+            "data.num_val_samples=512",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     recs = [json.loads(line) for line in (work / "outputs" / "console" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if "loss" in r] == [2, 4]

@@ -22,8 +22,10 @@ CASES = {"issue": ISSUE_CASE, "uneven": UNEVEN, "empty_rank": EMPTY_RANK}
 
 
 def _auc_worker(rank: int, world: int, cases):
-    return {name: global_auc(torch.tensor(case[rank][0], dtype=torch.float32), torch.tensor(case[rank][1]))
-            for name, case in cases.items()}
+    return {
+        name: global_auc(torch.tensor(case[rank][0], dtype=torch.float32), torch.tensor(case[rank][1]))
+        for name, case in cases.items()
+    }
 
 
 @pytest.fixture(scope="module")

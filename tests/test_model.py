@@ -18,8 +18,12 @@ def test_output_shapes(preset: str, multi_hot: bool) -> None:
     model = build_model(cfg, dense_device=torch.device("cpu"), table_device=torch.device("cpu"))
     n = 5
     g = torch.Generator().manual_seed(1)
-    split = D.Split(torch.rand(n, 13, generator=g), torch.randint(0, 3, (n, 26), generator=g),
-                    torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0]), "train")
+    split = D.Split(
+        torch.rand(n, 13, generator=g),
+        torch.randint(0, 3, (n, 26), generator=g),
+        torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0]),
+        "train",
+    )
     mh = D.MultiHot(cfg.table_rows, cfg.multi_hot_sizes) if multi_hot else None
     batch = D.to_batch(split, torch.arange(n), FEATURE_NAMES, mh)
     loss, (loss_d, logits, labels) = model(batch)
@@ -41,8 +45,12 @@ def test_skip_nonfinite_zeroes_the_update_of_a_bad_batch_and_keeps_good_ones() -
     plain = build_model(cfg, torch.device("cpu"), torch.device("cpu"))
     assert isinstance(plain, DLRMTrain) and plain.autocast_dtype is None
     g = torch.Generator().manual_seed(1)
-    split = D.Split(torch.rand(4, 13, generator=g), torch.randint(0, 3, (4, 26), generator=g),
-                    torch.tensor([0.0, 1.0, 0.0, 1.0]), "train")
+    split = D.Split(
+        torch.rand(4, 13, generator=g),
+        torch.randint(0, 3, (4, 26), generator=g),
+        torch.tensor([0.0, 1.0, 0.0, 1.0]),
+        "train",
+    )
     good = D.to_batch(split, torch.arange(4), FEATURE_NAMES, None)
     # a good batch: the same loss and gradients as torchrec's DLRMTrain
     l1, (_, logits1, _, ok1) = skip(good)
@@ -98,8 +106,9 @@ def test_zero_copy_sparse_arch_equals_torchrec_sparse_arch(permute: bool, in_key
 
     g = torch.Generator().manual_seed(3)
     lengths = torch.randint(0, 4, (26 * 5,), generator=g)
-    kjt = KeyedJaggedTensor(keys=FEATURE_NAMES, values=torch.randint(0, 3, (int(lengths.sum()),), generator=g),
-                            lengths=lengths)
+    kjt = KeyedJaggedTensor(
+        keys=FEATURE_NAMES, values=torch.randint(0, 3, (int(lengths.sum()),), generator=g), lengths=lengths
+    )
     module = Permuted() if permute else ebc
     ours, ref = ZeroCopySparseArch(module), SparseArch(module)
     from unittest import mock

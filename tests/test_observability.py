@@ -18,8 +18,12 @@ from dlrm.config import OptimizerConfig
 from dlrm.schedule import lr_at
 from test_train_e2e import BIN, ENV, records, run
 
-SMALL = ["data.num_train_samples=4096", "data.num_val_samples=1024", "data.num_test_samples=512",
-         "logger.log_every_n_steps=2"]
+SMALL = [
+    "data.num_train_samples=4096",
+    "data.num_val_samples=1024",
+    "data.num_test_samples=512",
+    "logger.log_every_n_steps=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +31,25 @@ def full_run(tmp_path_factory) -> Path:
     """One run with every sink on, an MLPerf-style eval cadence and an lr schedule."""
     d = tmp_path_factory.mktemp("full") / "run"
     p = subprocess.run(
-        [sys.executable, "train.py", f"hydra.run.dir={d}", *SMALL, "logger=[stdout,jsonl,tensorboard,wandb,mlperf]",
-         "logger.stdout.progress_bar=true", "eval.every_n_steps=null", "eval.per_epoch=4",
-         "optimizer.warmup_steps=4", "optimizer.decay_start_step=8", "optimizer.decay_steps=4"],
-        cwd=REPO, env={**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}, capture_output=True, text=True,
-        timeout=300)
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            *SMALL,
+            "logger=[stdout,jsonl,tensorboard,wandb,mlperf]",
+            "logger.stdout.progress_bar=true",
+            "eval.every_n_steps=null",
+            "eval.per_epoch=4",
+            "optimizer.warmup_steps=4",
+            "optimizer.decay_start_step=8",
+            "optimizer.decay_steps=4",
+        ],
+        cwd=REPO,
+        env={**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     (d / "stdout.txt").write_text(p.stdout + p.stderr)
     return d
@@ -72,11 +90,31 @@ def test_mlperf_log_passes_the_compliance_checker(full_run: Path, tmp_path: Path
     lines = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
     evals = [e for e in lines if e["key"] == "eval_accuracy"]
     assert [e["metadata"]["epoch_num"] for e in evals] == [0.25, 0.5, 0.75, 1.0]
-    assert {e["key"] for e in lines} >= {"run_start", "run_stop", "submission_benchmark", "global_batch_size",
-                                         "opt_adagrad_epsilon", "eval_samples"}
-    p = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-                        "--ruleset", "5.1.0", str(log)], capture_output=True, text=True, env=ENV, timeout=120,
-                       cwd=tmp_path)  # the checker writes compliance_checker.log into its cwd
+    assert {e["key"] for e in lines} >= {
+        "run_start",
+        "run_stop",
+        "submission_benchmark",
+        "global_batch_size",
+        "opt_adagrad_epsilon",
+        "eval_samples",
+    }
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.compliance_checker",
+            "--usage",
+            "training",
+            "--ruleset",
+            "5.1.0",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        cwd=tmp_path,
+    )  # the checker writes compliance_checker.log into its cwd
     assert p.returncode == 0 and "SUCCESS" in (p.stdout + p.stderr), p.stdout + p.stderr
 
 
@@ -94,8 +132,17 @@ def test_report_cli(full_run: Path, tmp_path: Path) -> None:
 
 def test_target_auc_stops_training_early(tmp_path: Path) -> None:
     d = tmp_path / "run"
-    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", *SMALL, "eval.every_n_steps=2",
-             "eval.target_auc=0.6", "logger=[stdout,jsonl,mlperf]"])
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            *SMALL,
+            "eval.every_n_steps=2",
+            "eval.target_auc=0.6",
+            "logger=[stdout,jsonl,mlperf]",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     recs = records(d)
     hit = [r for r in recs if r.get("target_reached")]
@@ -110,8 +157,11 @@ def test_target_auc_stops_training_early(tmp_path: Path) -> None:
 def test_nonfinite_loss_stops_with_step_position_and_last_metrics(tmp_path: Path) -> None:
     p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "optimizer.lr=1e30"])
     assert p.returncode != 0
-    m = re.search(r"non-finite training loss at step (\d+) \(rank 0 batch: epoch 0 batch (\d+): "
-                  r"synthetic train rows (\d+)-(\d+)\); last finite metrics: (.*)", p.stdout + p.stderr)
+    m = re.search(
+        r"non-finite training loss at step (\d+) \(rank 0 batch: epoch 0 batch (\d+): "
+        r"synthetic train rows (\d+)-(\d+)\); last finite metrics: (.*)",
+        p.stdout + p.stderr,
+    )
     assert m, p.stdout + p.stderr
     step, batch, lo, hi = (int(x) for x in m.groups()[:4])
     assert batch == step - 1 and (lo, hi) == ((step - 1) * 256, step * 256 - 1)
@@ -119,9 +169,21 @@ def test_nonfinite_loss_stops_with_step_position_and_last_metrics(tmp_path: Path
 
 def test_eval_split_smaller_than_world_size(tmp_path: Path) -> None:
     d = tmp_path / "run"
-    p = run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d}",
-             "data.num_train_samples=2048", "data.num_val_samples=1", "data.num_test_samples=0",
-             "logger.log_every_n_steps=4"], timeout=240)
+    p = run(
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "train.py",
+            f"hydra.run.dir={d}",
+            "data.num_train_samples=2048",
+            "data.num_val_samples=1",
+            "data.num_test_samples=0",
+            "logger.log_every_n_steps=4",
+        ],
+        timeout=240,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     vals = [r for r in records(d) if "val_samples" in r]
     assert vals[-1]["val_samples"] == 1 and vals[-1]["val_auc"] is None  # one row: one class, AUC undefined
@@ -136,10 +198,23 @@ def test_profile_writes_a_labelled_trace_of_the_chosen_steps(tmp_path: Path, com
     """Eager: one range per dense module. ``perf.compile``: the modules and the loss run as one compiled graph,
     so one range around that graph instead (hooks inside it would not show)."""
     d = tmp_path / "run"
-    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", "profile=true", "profile_wait_steps=2",
-             "profile_steps=3", "trainer.max_steps=8", "eval.every_n_steps=null", "data.num_train_samples=4096",
-             "data.num_val_samples=256", "data.num_test_samples=0", "logger.log_every_n_steps=4"]
-            + (["perf.compile=true"] if compiled else []))
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            "profile=true",
+            "profile_wait_steps=2",
+            "profile_steps=3",
+            "trainer.max_steps=8",
+            "eval.every_n_steps=null",
+            "data.num_train_samples=4096",
+            "data.num_val_samples=256",
+            "data.num_test_samples=0",
+            "logger.log_every_n_steps=4",
+        ]
+        + (["perf.compile=true"] if compiled else [])
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     trace = json.loads((d / "profile" / "trace_rank0.pt.trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}

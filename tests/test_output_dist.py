@@ -49,8 +49,12 @@ def _a2a_worker(rank: int, world: int) -> List[Dict[str, Any]]:
             x = local.clone().requires_grad_(True)
             y = a2a(x, batch if i == 1 else None).wait()
             y.backward(up)
-            res[name] = {"y": y.detach().clone(), "grad": x.grad.clone(), "switched": switched,
-                         "lean_fn": _grad_fn_names(y)}
+            res[name] = {
+                "y": y.detach().clone(),
+                "grad": x.grad.clone(),
+                "switched": switched,
+                "lean_fn": _grad_fn_names(y),
+            }
         out.append(res)
     comm_ops.set_gradient_division(True)
     return out
@@ -82,11 +86,20 @@ def test_lean_pooled_all_to_all_equals_torchrec_bit_for_bit() -> None:
             assert not any("_LeanPooled" in n for n in ref["lean_fn"]), ref["lean_fn"]
 
 
-TINY = ["model.row_cap=40", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
-        "model.over_arch_layer_sizes=[16,1]", "model.dcn_num_layers=1", "model.dcn_low_rank_dim=4",
-        f"model.multi_hot_sizes=[{','.join(['2'] * 26)}]", "optimizer.lr=0.05", "data.batch_size=8",
-        "sharding=table_wise", "+sharding.constraints.t_cat_3.sharding_types=[column_wise]",
-        "sharding.min_partition=4"]
+TINY = [
+    "model.row_cap=40",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "model.over_arch_layer_sizes=[16,1]",
+    "model.dcn_num_layers=1",
+    "model.dcn_low_rank_dim=4",
+    f"model.multi_hot_sizes=[{','.join(['2'] * 26)}]",
+    "optimizer.lr=0.05",
+    "data.batch_size=8",
+    "sharding=table_wise",
+    "+sharding.constraints.t_cat_3.sharding_types=[column_wise]",
+    "sharding.min_partition=4",
+]
 
 
 def pooled_all_to_alls(model: torch.nn.Module) -> List[Any]:
@@ -94,8 +107,13 @@ def pooled_all_to_alls(model: torch.nn.Module) -> List[Any]:
     list, ``_output_dists``, so they are not submodules."""
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
 
-    found = {id(m): m for module in model.modules() for od in getattr(module, "_output_dists", None) or []
-             for m in od.modules() if type(m) is PooledEmbeddingsAllToAll}
+    found = {
+        id(m): m
+        for module in model.modules()
+        for od in getattr(module, "_output_dists", None) or []
+        for m in od.modules()
+        if type(m) is PooledEmbeddingsAllToAll
+    }
     return list(found.values())
 
 
@@ -113,18 +131,29 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     warnings.filterwarnings("ignore")
     res: Dict[str, Any] = {}
     for plan, lean in [(p, lean) for p in ("mixed", "table_wise") for lean in (False, True)] + [
-            ("held", True), ("held_to_the_end", True), ("compiled", True), ("compiled_held", True)]:
+        ("held", True),
+        ("held_to_the_end", True),
+        ("compiled", True),
+        ("compiled_held", True),
+    ]:
         over = TINY if plan == "mixed" else [o for o in TINY if "t_cat_3" not in o]
         over = over + (["perf.allreduce_after_output_dist=true"] if "held" in plan else [])
         over = over + (["perf.compile=true", "perf.compile_ddp_split=false"] if "compiled" in plan else [])
         cfg = to_config(compose(over + [f"perf.lean_output_dist={str(lean).lower()}"]))
         rows = cfg.model.table_rows
         g = torch.Generator().manual_seed(7 + rank)
-        batches = [Batch(dense_features=torch.randn(8, 13, generator=g),
-                         sparse_features=KeyedJaggedTensor.from_lengths_sync(
-                             FEATURE_NAMES, torch.cat([torch.randint(0, r, (16,), generator=g) for r in rows]),
-                             torch.full((26 * 8,), 2, dtype=torch.int32)),
-                         labels=torch.randint(0, 2, (8,), generator=g).float()) for _ in range(4)]
+        batches = [
+            Batch(
+                dense_features=torch.randn(8, 13, generator=g),
+                sparse_features=KeyedJaggedTensor.from_lengths_sync(
+                    FEATURE_NAMES,
+                    torch.cat([torch.randint(0, r, (16,), generator=g) for r in rows]),
+                    torch.full((26 * 8,), 2, dtype=torch.int32),
+                ),
+                labels=torch.randint(0, 2, (8,), generator=g).float(),
+            )
+            for _ in range(4)
+        ]
         info = init_distributed("cpu")
         torch.manual_seed(0)
         built = build_training(cfg, info, 8)
@@ -145,15 +174,26 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
             _, (_, logits, _) = model(batches[0])
             model.train()
         res[f"{plan}/" + ("lean" if lean else "torchrec")] = {
-            "losses": losses, "eval_logits": logits.clone(),
-            "held": None if built.held_allreduce is None else (built.held_allreduce.forwards,
-                                                               built.held_allreduce.held_passes,
-                                                               built.held_allreduce.released_at_end),
+            "losses": losses,
+            "eval_logits": logits.clone(),
+            "held": None
+            if built.held_allreduce is None
+            else (
+                built.held_allreduce.forwards,
+                built.held_allreduce.held_passes,
+                built.held_allreduce.released_at_end,
+            ),
             "rank_blocks": sum(bool(getattr(m, "_dlrm_rank_blocks", False)) for m in a2as),
-            "tables": {k: [s.tensor.clone() for s in v.local_shards()] if hasattr(v, "local_shards") else [v.clone()]
-                       for k, v in built.model.state_dict().items() if "embedding_bags" in k},
-            "a2as": len(a2as), "switched": sum("forward" in vars(m) for m in a2as), "set_up": built.lean_output_dists,
-            "plan": sorted({s["sharding_type"] for s in built.model.plan_info.shards})}
+            "tables": {
+                k: [s.tensor.clone() for s in v.local_shards()] if hasattr(v, "local_shards") else [v.clone()]
+                for k, v in built.model.state_dict().items()
+                if "embedding_bags" in k
+            },
+            "a2as": len(a2as),
+            "switched": sum("forward" in vars(m) for m in a2as),
+            "set_up": built.lean_output_dists,
+            "plan": sorted({s["sharding_type"] for s in built.model.plan_info.shards}),
+        }
     # row_wise sends pooled embeddings by reduce-scatter: of its output dists only t_cat_3's (column_wise, by TINY's
     # constraint) is set up
     built = build_training(to_config(compose(TINY + ["sharding=row_wise", "perf.lean_output_dist=true"])), info, 8)
@@ -166,8 +206,10 @@ def test_trainer_trains_the_same_with_the_lean_output_dist() -> None:
     (one output dist: rank blocks gathered by the sparse arch): same losses, evaluation logits and tables as
     TorchRec's output dist, bit for bit."""
     for rank, res in enumerate(run_gloo(2, _train_worker)):
-        for plan, want_plan, n_a2a, blocks in (("mixed", ["column_wise", "table_wise"], 2, 0),
-                                                ("table_wise", ["table_wise"], 1, 1)):
+        for plan, want_plan, n_a2a, blocks in (
+            ("mixed", ["column_wise", "table_wise"], 2, 0),
+            ("table_wise", ["table_wise"], 1, 1),
+        ):
             ref, lean = res[f"{plan}/torchrec"], res[f"{plan}/lean"]
             assert ref["plan"] == lean["plan"] == want_plan, ref["plan"]
             assert ref["switched"] == 0 and lean["switched"] == lean["a2as"] == ref["a2as"] == n_a2a, (ref, lean)
@@ -192,8 +234,11 @@ def test_trainer_trains_the_same_with_the_lean_output_dist() -> None:
         assert (eager["held"], res["table_wise/lean"]["held"], compiled["held"]) == (None, None, None)
         # (forwards reported, backward passes that held and were released by the all-to-all, released at the end;
         # held_to_the_end also reports its stand-in once per loop turn)
-        for name, released, ref in (("held", (4, 3, 0), eager), ("held_to_the_end", (4 + 5, 0, 3), eager),
-                                    ("compiled_held", (4, 3, 0), compiled)):
+        for name, released, ref in (
+            ("held", (4, 3, 0), eager),
+            ("held_to_the_end", (4 + 5, 0, 3), eager),
+            ("compiled_held", (4, 3, 0), compiled),
+        ):
             held = res[f"{name}/lean"]
             assert held["held"] == released, (name, held["held"])
             assert all(torch.equal(a, b) for a, b in zip(ref["losses"], held["losses"])), (name, held["losses"])
@@ -244,8 +289,11 @@ def _held_worker(rank: int, world: int) -> Dict[str, Any]:
             loss.backward()
             grads.append((ddp.module.weight.grad.clone(), z.grad.clone()))
             ddp.zero_grad()
-        res[name] = {"grads": grads, "order": order,
-                     "held": None if held is None else (held.held_passes, held.released_at_end)}
+        res[name] = {
+            "grads": grads,
+            "order": order,
+            "held": None if held is None else (held.held_passes, held.released_at_end),
+        }
     return res
 
 
@@ -275,7 +323,8 @@ def test_torchrec_private_names_exist() -> None:
 
     assert isinstance(comm_ops.GRADIENT_DIVISION, bool) and callable(comm_ops.get_use_sync_collectives)
     assert {"pg", "req", "tensor", "a2ai", "wait_function", "dummy_tensor"} <= set(
-        re.findall(r"self\.(\w+)", inspect.getsource(comm_ops.Request.__init__)))
+        re.findall(r"self\.(\w+)", inspect.getsource(comm_ops.Request.__init__))
+    )
     for cls, (builder, pg_attr) in _dist_classes().items():
         assert builder in BUILDERS and callable(getattr(cls, builder)), (cls, builder)
         assert f"self.{pg_attr}" in inspect.getsource(cls.__init__), (cls, pg_attr)

@@ -24,27 +24,48 @@ from conftest import REPO, run_gloo
 from dlrm.config import ConfigError, compose, to_config
 from dlrm.dist import DistInfo
 from dlrm.model import FEATURE_NAMES, build_model
-from dlrm.sharding import (PlanError, _state_bytes_per_row, fuse_embedding_optimizer, plan_model, save_plan,
-                           tables_of)
+from dlrm.sharding import PlanError, _state_bytes_per_row, fuse_embedding_optimizer, plan_model, save_plan, tables_of
 
 BATCH = 16
 STEPS = 6
 ROWS = 40  # the row cap
 DIM = 8
 # a tiny DLRM-v2 (26 tables of 40 x 8, 2 ids per sample and feature, one DCN layer): compiles in seconds
-TINY = [f"model.row_cap={ROWS}", f"model.embedding_dim={DIM}", f"model.dense_arch_layer_sizes=[16,{DIM}]",
-        "model.over_arch_layer_sizes=[16,1]", "model.dcn_num_layers=1", "model.dcn_low_rank_dim=4",
-        f"model.multi_hot_sizes=[{','.join(['2'] * 26)}]", "optimizer.lr=0.05", f"data.batch_size={BATCH}"]
+TINY = [
+    f"model.row_cap={ROWS}",
+    f"model.embedding_dim={DIM}",
+    f"model.dense_arch_layer_sizes=[16,{DIM}]",
+    "model.over_arch_layer_sizes=[16,1]",
+    "model.dcn_num_layers=1",
+    "model.dcn_low_rank_dim=4",
+    f"model.multi_hot_sizes=[{','.join(['2'] * 26)}]",
+    "optimizer.lr=0.05",
+    f"data.batch_size={BATCH}",
+]
 
 
 # ------------------------------------------------------------------------------------------------------ config
 def test_perf_presets_compose() -> None:
     fp32 = to_config(compose([])).perf
-    assert (fp32.name, fp32.embedding_dtype, fp32.embedding_output_dtype, fp32.autocast, fp32.tf32, fp32.compile,
-            fp32.compile_mode) == ("fp32", "fp32", "fp32", "none", True, False, "default")
+    assert (
+        fp32.name,
+        fp32.embedding_dtype,
+        fp32.embedding_output_dtype,
+        fp32.autocast,
+        fp32.tf32,
+        fp32.compile,
+        fp32.compile_mode,
+    ) == ("fp32", "fp32", "fp32", "none", True, False, "default")
     fast = to_config(compose(["perf=fast"])).perf
-    assert (fast.name, fast.embedding_dtype, fast.embedding_output_dtype, fast.autocast, fast.tf32, fast.compile,
-            fast.compile_mode) == ("fast", "fp32", "bf16", "bf16", True, True, "default")
+    assert (
+        fast.name,
+        fast.embedding_dtype,
+        fast.embedding_output_dtype,
+        fast.autocast,
+        fast.tf32,
+        fast.compile,
+        fast.compile_mode,
+    ) == ("fast", "fp32", "bf16", "bf16", True, True, "default")
     # seventh session (docs/benchmarks.md): bf16 DCN stream, one unsplit graph, 100 MiB DDP buckets
     assert (fast.dcn_residual_dtype, fast.compile_ddp_split, fast.ddp_bucket_cap_mb) == ("autocast", False, 100)
     assert (fp32.dcn_residual_dtype, fp32.compile_ddp_split, fp32.ddp_bucket_cap_mb) == ("fp32", True, 25)
@@ -52,66 +73,118 @@ def test_perf_presets_compose() -> None:
     assert (fast.lean_output_dist, fast.allreduce_after_output_dist) == (True, True)
     assert (fp32.lean_output_dist, fp32.allreduce_after_output_dist) == (False, False)
     # a lever on top of a preset
-    p = to_config(compose(["perf=fast", "perf.embedding_dtype=fp16",
-                           "perf.compile_mode=max-autotune-no-cudagraphs"])).perf
+    p = to_config(
+        compose(["perf=fast", "perf.embedding_dtype=fp16", "perf.compile_mode=max-autotune-no-cudagraphs"])
+    ).perf
     assert (p.embedding_dtype, p.compile_mode, p.autocast) == ("fp16", "max-autotune-no-cudagraphs", "bf16")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["perf.embedding_dtype=fp8"], "config key `perf.embedding_dtype`: got 'fp8'; use fp32, fp16 or bf16"),
-    (["perf.embedding_output_dtype=half"],
-     "config key `perf.embedding_output_dtype`: got 'half'; use fp32, fp16 or bf16"),
-    (["perf.autocast=fp32"], "config key `perf.autocast`: got 'fp32'; use none, bf16 or fp16"),
-    (["perf.coordinate_descent_tuning=true"], "config key `perf.coordinate_descent_tuning`: tunes compiled kernels "
-     "and has no effect while perf.compile=false; add perf.compile=true"),
-    (["perf.tbe_bounds_check=off"], "config key `perf.tbe_bounds_check`: got 'off'; use warning, fatal or none"),
-    (["perf.allreduce_group=own"], "config key `perf.allreduce_group`: got 'own'; use shared or dedicated"),
-    (["perf.allreduce_max_ctas=4"], "config key `perf.allreduce_max_ctas`: sets the dedicated all-reduce group's NCCL "
-     "communicator (CUDA runs only) and has no effect while perf.allreduce_group=shared; add "
-     "perf.allreduce_group=dedicated, or drop it on CPU"),
-    (["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=0"], "config key `perf.allreduce_max_ctas`: got 0; "
-     "use a count of thread blocks >= 1, or null for NCCL's choice"),
-    (["perf.allreduce_dtype=int8"], "config key `perf.allreduce_dtype`: got 'int8'; use fp32, fp16 or bf16"),
-    (["perf.compile_ddp_split=false"], "config key `perf.compile_ddp_split`: splits the compiled dense step and has "
-     "no effect while perf.compile=false; add perf.compile=true"),
-    (["perf.ddp_bucket_cap_mb=0"], "config key `perf.ddp_bucket_cap_mb`: got 0; use a bucket size in MiB >= 1 (25: "
-     "PyTorch's default)"),
-    (["perf.allreduce_after_output_dist=true"], "config key `perf.allreduce_after_output_dist`: holds DDP's "
-     "all-reduce until the lean output dists' backward all-to-alls are issued; add perf.lean_output_dist=true, or "
-     "set perf.allreduce_after_output_dist=false"),
-    (["perf=fast", "perf.lean_output_dist=false"], "config key `perf.allreduce_after_output_dist`: holds DDP's "
-     "all-reduce"),
-    (["perf=fast", "perf.allreduce_group=dedicated"], "config key `perf.allreduce_after_output_dist`: issues DDP's "
-     "fp32 all-reduce (PyTorch's default hook) on the shared group; with perf.allreduce_dtype=fp32 and "
-     "perf.allreduce_group=dedicated set perf.allreduce_after_output_dist=false (or use fp32 and shared)"),
-    (["sharding.data_parallel_max_rows=0"], "config key `sharding.data_parallel_max_rows`: must be a positive number "
-     "of rows, or null (off)"),
-    (["sharding.data_parallel_max_rows=1000", "perf.embedding_dtype=fp16"], "config key "
-     "`sharding.data_parallel_max_rows`: data_parallel tables are stepped by the dense optimizer in fp32, and "
-     "perf.embedding_dtype=fp16 gives them half-precision weights; set perf.embedding_dtype=fp32 or "
-     "sharding.data_parallel_max_rows=null"),
-    (["perf.compile_mode=fast"], "config key `perf.compile_mode`: got 'fast'; use one of ('default', "
-     "'max-autotune-no-cudagraphs')"),
-    (["perf.compile_mode=reduce-overhead"], "config key `perf.compile_mode`: reduce-overhead captures CUDA graphs: "
-     "not faster on H200, and the trainer's validation with them is not re-tested since it failed "
-     "(docs/benchmarks.md); use default or max-autotune-no-cudagraphs"),
-    (["perf=fast", "perf.compile_mode=max-autotune"], "config key `perf.compile_mode`: max-autotune captures CUDA "
-     "graphs"),
-    (["perf.compile_mode=max-autotune-no-cudagraphs"], "config key `perf.compile_mode`: max-autotune-no-cudagraphs "
-     "has no effect while perf.compile=false; add perf.compile=true"),
-    (["perf.autocast=bf16", "perf.embedding_output_dtype=fp16"],
-     "config key `perf.embedding_output_dtype`: fp16 pooled embeddings cannot meet bf16 autocast (autocast's "
-     "torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype=bf16 or fp32"),
-    (["perf.dcn_residual_dtype=bf16"], "config key `perf.dcn_residual_dtype`: got 'bf16'; use fp32 or autocast"),
-    (["perf.dcn_residual_dtype=autocast"], "config key `perf.dcn_residual_dtype`: autocast keeps the DCN's residual "
-     "stream in the autocast dtype and has no effect while perf.autocast=none; add perf.autocast=bf16, or use "
-     "perf.dcn_residual_dtype=fp32"),
-    (["perf=fast", "perf.dcn_residual_dtype=autocast", "model.interaction=dot"], "config key "
-     "`perf.dcn_residual_dtype`: autocast sets the dtype of the DCN cross layers, and model.interaction=dot has "
-     "none; use perf.dcn_residual_dtype=fp32 or model.interaction=dcn"),
-    (["perf=fast", "perf.embedding_output_dtype=fp16"],  # fast's bf16 autocast
-     "config key `perf.embedding_output_dtype`: fp16 pooled embeddings cannot meet bf16 autocast"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["perf.embedding_dtype=fp8"], "config key `perf.embedding_dtype`: got 'fp8'; use fp32, fp16 or bf16"),
+        (
+            ["perf.embedding_output_dtype=half"],
+            "config key `perf.embedding_output_dtype`: got 'half'; use fp32, fp16 or bf16",
+        ),
+        (["perf.autocast=fp32"], "config key `perf.autocast`: got 'fp32'; use none, bf16 or fp16"),
+        (
+            ["perf.coordinate_descent_tuning=true"],
+            "config key `perf.coordinate_descent_tuning`: tunes compiled kernels "
+            "and has no effect while perf.compile=false; add perf.compile=true",
+        ),
+        (["perf.tbe_bounds_check=off"], "config key `perf.tbe_bounds_check`: got 'off'; use warning, fatal or none"),
+        (["perf.allreduce_group=own"], "config key `perf.allreduce_group`: got 'own'; use shared or dedicated"),
+        (
+            ["perf.allreduce_max_ctas=4"],
+            "config key `perf.allreduce_max_ctas`: sets the dedicated all-reduce group's NCCL "
+            "communicator (CUDA runs only) and has no effect while perf.allreduce_group=shared; add "
+            "perf.allreduce_group=dedicated, or drop it on CPU",
+        ),
+        (
+            ["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=0"],
+            "config key `perf.allreduce_max_ctas`: got 0; use a count of thread blocks >= 1, or null for NCCL's choice",
+        ),
+        (["perf.allreduce_dtype=int8"], "config key `perf.allreduce_dtype`: got 'int8'; use fp32, fp16 or bf16"),
+        (
+            ["perf.compile_ddp_split=false"],
+            "config key `perf.compile_ddp_split`: splits the compiled dense step and has "
+            "no effect while perf.compile=false; add perf.compile=true",
+        ),
+        (
+            ["perf.ddp_bucket_cap_mb=0"],
+            "config key `perf.ddp_bucket_cap_mb`: got 0; use a bucket size in MiB >= 1 (25: PyTorch's default)",
+        ),
+        (
+            ["perf.allreduce_after_output_dist=true"],
+            "config key `perf.allreduce_after_output_dist`: holds DDP's "
+            "all-reduce until the lean output dists' backward all-to-alls are issued; add perf.lean_output_dist=true, or "
+            "set perf.allreduce_after_output_dist=false",
+        ),
+        (
+            ["perf=fast", "perf.lean_output_dist=false"],
+            "config key `perf.allreduce_after_output_dist`: holds DDP's all-reduce",
+        ),
+        (
+            ["perf=fast", "perf.allreduce_group=dedicated"],
+            "config key `perf.allreduce_after_output_dist`: issues DDP's "
+            "fp32 all-reduce (PyTorch's default hook) on the shared group; with perf.allreduce_dtype=fp32 and "
+            "perf.allreduce_group=dedicated set perf.allreduce_after_output_dist=false (or use fp32 and shared)",
+        ),
+        (
+            ["sharding.data_parallel_max_rows=0"],
+            "config key `sharding.data_parallel_max_rows`: must be a positive number of rows, or null (off)",
+        ),
+        (
+            ["sharding.data_parallel_max_rows=1000", "perf.embedding_dtype=fp16"],
+            "config key "
+            "`sharding.data_parallel_max_rows`: data_parallel tables are stepped by the dense optimizer in fp32, and "
+            "perf.embedding_dtype=fp16 gives them half-precision weights; set perf.embedding_dtype=fp32 or "
+            "sharding.data_parallel_max_rows=null",
+        ),
+        (
+            ["perf.compile_mode=fast"],
+            "config key `perf.compile_mode`: got 'fast'; use one of ('default', 'max-autotune-no-cudagraphs')",
+        ),
+        (
+            ["perf.compile_mode=reduce-overhead"],
+            "config key `perf.compile_mode`: reduce-overhead captures CUDA graphs: "
+            "not faster on H200, and the trainer's validation with them is not re-tested since it failed "
+            "(docs/benchmarks.md); use default or max-autotune-no-cudagraphs",
+        ),
+        (
+            ["perf=fast", "perf.compile_mode=max-autotune"],
+            "config key `perf.compile_mode`: max-autotune captures CUDA graphs",
+        ),
+        (
+            ["perf.compile_mode=max-autotune-no-cudagraphs"],
+            "config key `perf.compile_mode`: max-autotune-no-cudagraphs "
+            "has no effect while perf.compile=false; add perf.compile=true",
+        ),
+        (
+            ["perf.autocast=bf16", "perf.embedding_output_dtype=fp16"],
+            "config key `perf.embedding_output_dtype`: fp16 pooled embeddings cannot meet bf16 autocast (autocast's "
+            "torch.cat promotion refuses fp16 with bf16); use perf.embedding_output_dtype=bf16 or fp32",
+        ),
+        (["perf.dcn_residual_dtype=bf16"], "config key `perf.dcn_residual_dtype`: got 'bf16'; use fp32 or autocast"),
+        (
+            ["perf.dcn_residual_dtype=autocast"],
+            "config key `perf.dcn_residual_dtype`: autocast keeps the DCN's residual "
+            "stream in the autocast dtype and has no effect while perf.autocast=none; add perf.autocast=bf16, or use "
+            "perf.dcn_residual_dtype=fp32",
+        ),
+        (
+            ["perf=fast", "perf.dcn_residual_dtype=autocast", "model.interaction=dot"],
+            "config key "
+            "`perf.dcn_residual_dtype`: autocast sets the dtype of the DCN cross layers, and model.interaction=dot has "
+            "none; use perf.dcn_residual_dtype=fp32 or model.interaction=dcn",
+        ),
+        (
+            ["perf=fast", "perf.embedding_output_dtype=fp16"],  # fast's bf16 autocast
+            "config key `perf.embedding_output_dtype`: fp16 pooled embeddings cannot meet bf16 autocast",
+        ),
+    ],
+)
 def test_perf_refusals_name_the_key_and_the_fix(overrides: List[str], message: str) -> None:
     with pytest.raises(ConfigError) as e:
         to_config(compose(overrides))
@@ -125,8 +198,10 @@ def test_fused_params_carry_output_dtype_and_bounds_check() -> None:
     from dlrm.sharding import fused_params_of
 
     assert fused_params_of("fp32") is None  # TorchRec's defaults: fp32 output, FBGEMM's WARNING check
-    assert fused_params_of("bf16", "none") == {"output_dtype": SparseType.BF16,
-                                               "bounds_check_mode": BoundsCheckMode.NONE}
+    assert fused_params_of("bf16", "none") == {
+        "output_dtype": SparseType.BF16,
+        "bounds_check_mode": BoundsCheckMode.NONE,
+    }
     assert fused_params_of("fp32", "fatal") == {"bounds_check_mode": BoundsCheckMode.FATAL}
     fast = to_config(compose(["perf=fast"])).perf
     assert (fast.tbe_bounds_check, to_config(compose([])).perf.tbe_bounds_check) == ("none", "warning")
@@ -148,32 +223,44 @@ def test_bf16_is_refused_on_cpu_before_building() -> None:
         with pytest.raises(ConfigError) as e:
             build_training(cfg, info, BATCH)
         hint = f" {tail}" if key == "embedding_output_dtype" else ""  # fp32 pooled output fixes only that key
-        assert str(e.value) == (f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use fp16 or fp32 "
-                                f"on CPU{hint}")
+        assert str(e.value) == (
+            f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use fp16 or fp32 on CPU{hint}"
+        )
     # perf=fast on CPU: fp16 pooled embeddings would meet bf16 autocast, so the message names fp32 only
     with pytest.raises(ConfigError) as e:
         build_training(to_config(compose(TINY + ["perf=fast"])), info, BATCH)
-    assert str(e.value) == ("config key `perf.embedding_output_dtype`: FBGEMM's CPU TBE kernels have no bf16; use "
-                            f"fp32 on CPU (fp16 too, without bf16 autocast) {tail}")
+    assert str(e.value) == (
+        "config key `perf.embedding_output_dtype`: FBGEMM's CPU TBE kernels have no bf16; use "
+        f"fp32 on CPU (fp16 too, without bf16 autocast) {tail}"
+    )
     cfg = to_config(compose(TINY + ["perf=fast", "perf.embedding_output_dtype=fp32"]))  # the documented CPU form
     assert (cfg.perf.autocast, cfg.perf.compile, cfg.perf.embedding_output_dtype) == ("bf16", True, "fp32")
     with pytest.raises(ConfigError) as e:
         build_training(to_config(compose(TINY + ["perf.allreduce_dtype=bf16"])), info, BATCH)
-    assert str(e.value) == ("config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
-                            "use fp16 or fp32 on CPU")
+    assert str(e.value) == (
+        "config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; use fp16 or fp32 on CPU"
+    )
     with pytest.raises(ConfigError) as e:
-        build_training(to_config(compose(TINY + ["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"])),
-                       info, BATCH)
-    assert str(e.value) == ("config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
-                            "CPU (gloo); drop it (perf.allreduce_max_ctas=null)")
+        build_training(
+            to_config(compose(TINY + ["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"])), info, BATCH
+        )
+    assert str(e.value) == (
+        "config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
+        "CPU (gloo); drop it (perf.allreduce_max_ctas=null)"
+    )
 
 
 def test_perf_is_checked_before_data_is_loaded(tmp_path: Path) -> None:
     """`python train.py perf=fast` on CPU fails at once with the key named (exit 2), not after loading data."""
     import subprocess
 
-    r = subprocess.run([sys.executable, "train.py", "perf=fast", "device=cpu", f"hydra.run.dir={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "train.py", "perf=fast", "device=cpu", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "error: config key `perf.embedding_output_dtype`" in r.stderr + r.stdout
     assert "data synthetic" not in r.stderr + r.stdout  # the data-loading log line never came
@@ -189,8 +276,15 @@ def _meta_model(overrides: List[str]):
 
 def _plan(overrides: List[str], world_size: int = 1, batch: int = 32):
     cfg, model = _meta_model(overrides)
-    return plan_model(model, cfg.sharding, world_size=world_size, local_world_size=world_size,
-                      device=torch.device("cpu"), batch_size=batch, sparse_type=cfg.optimizer.sparse_type)
+    return plan_model(
+        model,
+        cfg.sharding,
+        world_size=world_size,
+        local_world_size=world_size,
+        device=torch.device("cpu"),
+        batch_size=batch,
+        sparse_type=cfg.optimizer.sparse_type,
+    )
 
 
 def test_fp16_tables_count_two_bytes_per_weight() -> None:
@@ -227,21 +321,39 @@ def test_planner_estimate_of_fp16_tables() -> None:
 def test_fit_check_counts_fp16_weights() -> None:
     """A 40 M x 128 table placed whole with element-wise Adagrad: fp32 needs 40 M x 128 x 8 B = 38.15 GiB, fp16
     40 M x 128 x 6 B = 28.61 GiB (the state stays fp32)."""
-    base = ["model=dlrm_v2", "device=cuda", "sharding=table_wise", "sharding.compute_kernel=fused",
-            "data.global_batch_size=65536"]
+    base = [
+        "model=dlrm_v2",
+        "device=cuda",
+        "sharding=table_wise",
+        "sharding.compute_kernel=fused",
+        "data.global_batch_size=65536",
+    ]
 
     def plan(extra: List[str]):
         cfg, model = _meta_model(base + extra)
-        return plan_model(model, cfg.sharding, world_size=8, local_world_size=8, device=torch.device("cuda"),
-                          batch_size=8192, sparse_type=cfg.optimizer.sparse_type)
+        return plan_model(
+            model,
+            cfg.sharding,
+            world_size=8,
+            local_world_size=8,
+            device=torch.device("cuda"),
+            batch_size=8192,
+            sparse_type=cfg.optimizer.sparse_type,
+        )
 
-    with pytest.raises(PlanError, match=r"^table t_cat_0 \(40,000,000 x 128 fp32 with its optimizer state, 38.15 GiB\)"
-                       r" does not fit the 33.25 GiB of HBM per rank"):
+    with pytest.raises(
+        PlanError,
+        match=r"^table t_cat_0 \(40,000,000 x 128 fp32 with its optimizer state, 38.15 GiB\)"
+        r" does not fit the 33.25 GiB of HBM per rank",
+    ):
         plan(["sharding.hbm_cap_gb=35"])
     pi = plan(["sharding.hbm_cap_gb=35", "perf.embedding_dtype=fp16"])
     assert {(s["sharding_type"], s["compute_kernel"]) for s in pi.shards} == {("table_wise", "fused")}
-    with pytest.raises(PlanError, match=r"^table t_cat_0 \(40,000,000 x 128 fp16/bf16 with its optimizer state, "
-                       r"28.61 GiB\) does not fit the 23.75 GiB of HBM per rank"):
+    with pytest.raises(
+        PlanError,
+        match=r"^table t_cat_0 \(40,000,000 x 128 fp16/bf16 with its optimizer state, "
+        r"28.61 GiB\) does not fit the 23.75 GiB of HBM per rank",
+    ):
         plan(["sharding.hbm_cap_gb=25", "perf.embedding_dtype=fp16"])
 
 
@@ -252,10 +364,14 @@ def test_data_parallel_fp16_tables_are_refused(tmp_path: Path) -> None:
     assert str(e.value) == (
         f"tables {every} are data_parallel with half-precision weights (perf.embedding_dtype); set "
         "perf.embedding_dtype=fp32, or constrain them to a fused sharding type "
-        "(sharding.constraints.<table>.sharding_types=[table_wise])")
+        "(sharding.constraints.<table>.sharding_types=[table_wise])"
+    )
     one = ["model.row_cap=64", "sharding=table_wise", "+sharding.constraints.t_cat_5.sharding_types=[data_parallel]"]
-    with pytest.raises(PlanError, match=r"^tables t_cat_5 are data_parallel with half-precision weights "
-                       r"\(perf.embedding_dtype\)"):
+    with pytest.raises(
+        PlanError,
+        match=r"^tables t_cat_5 are data_parallel with half-precision weights "
+        r"\(perf.embedding_dtype\)",
+    ):
         _plan(one + ["perf.embedding_dtype=fp16"], world_size=2)
     # the same placement with fp32 tables plans; saved, it is refused again when loaded for fp16 tables
     pi = _plan(one, world_size=2)
@@ -272,7 +388,11 @@ def test_auto_sharding_keeps_fp16_tables_off_data_parallel() -> None:
 
     fp32 = plan_job(["model.row_cap=64"], world_size=2)
     assert {s["table"] for s in fp32.shards if s["sharding_type"] == "data_parallel"} == {
-        "t_cat_5", "t_cat_12", "t_cat_16", "t_cat_18"}
+        "t_cat_5",
+        "t_cat_12",
+        "t_cat_16",
+        "t_cat_18",
+    }
     fp16 = plan_job(["model.row_cap=64", "perf.embedding_dtype=fp16"], world_size=2)
     assert {s["table"] for s in fp16.shards} == {f"t_cat_{i}" for i in range(26)}
     assert not any(s["sharding_type"] == "data_parallel" for s in fp16.shards)
@@ -288,11 +408,16 @@ def _batches(n: int, seed: int) -> list:
     rows = to_config(compose(TINY)).model.table_rows  # 40, or fewer (t_cat_5: 3)
     g = torch.Generator().manual_seed(seed)
     lengths = torch.full((26 * BATCH,), 2, dtype=torch.int32)
-    return [Batch(dense_features=torch.randn(BATCH, 13, generator=g),
-                  sparse_features=KeyedJaggedTensor.from_lengths_sync(  # feature-major values
-                      FEATURE_NAMES, torch.cat([torch.randint(0, r, (BATCH * 2,), generator=g) for r in rows]),
-                      lengths),
-                  labels=torch.randint(0, 2, (BATCH,), generator=g).float()) for _ in range(n)]
+    return [
+        Batch(
+            dense_features=torch.randn(BATCH, 13, generator=g),
+            sparse_features=KeyedJaggedTensor.from_lengths_sync(  # feature-major values
+                FEATURE_NAMES, torch.cat([torch.randint(0, r, (BATCH * 2,), generator=g) for r in rows]), lengths
+            ),
+            labels=torch.randint(0, 2, (BATCH,), generator=g).float(),
+        )
+        for _ in range(n)
+    ]
 
 
 def test_fp16_autocast_runs_the_dense_side_in_half_and_returns_fp32_logits() -> None:
@@ -317,8 +442,10 @@ def test_fp16_autocast_runs_the_dense_side_in_half_and_returns_fp32_logits() -> 
     torch.testing.assert_close(logits, ref_logits, atol=5e-3, rtol=0)
     torch.testing.assert_close(loss, ref_loss, atol=2e-3, rtol=0)
     loss.backward()
-    assert all(p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
-               for n, p in amp.model.over_arch.named_parameters())
+    assert all(
+        p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
+        for n, p in amp.model.over_arch.named_parameters()
+    )
 
 
 def test_dcn_residual_in_the_autocast_dtype() -> None:
@@ -357,15 +484,18 @@ def test_dcn_residual_in_the_autocast_dtype() -> None:
     xf = torch.randn(BATCH, net.V_kernels[0].shape[1], requires_grad=True)  # no autocast: TorchRec's values
     out, ref_out = net(xf), ref_net(xf)
     assert out.dtype == torch.float32 and torch.equal(out, ref_out)
-    g, ref_g = torch.autograd.grad(out.sum(), [xf, *net.parameters()]), torch.autograd.grad(
-        ref_out.sum(), [xf, *ref_net.parameters()])
+    g, ref_g = (
+        torch.autograd.grad(out.sum(), [xf, *net.parameters()]),
+        torch.autograd.grad(ref_out.sum(), [xf, *ref_net.parameters()]),
+    )
     assert all(torch.equal(a, b) for a, b in zip(g, ref_g))
 
     batch = _batches(1, seed=3)[0]  # the whole model: bf16 stream, fp32 logits, fp32 parameter gradients
     loss, (_, logits, _) = amp(batch)
     loss.backward()
-    assert logits.dtype == torch.float32 and all(p.grad is not None and p.grad.dtype == torch.float32
-                                                 for p in net.parameters())
+    assert logits.dtype == torch.float32 and all(
+        p.grad is not None and p.grad.dtype == torch.float32 for p in net.parameters()
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ training
@@ -380,7 +510,7 @@ def _full_tables(dmp) -> Dict[str, torch.Tensor]:
             full = torch.empty(v.size(), dtype=v.dtype)
             for sh in v.local_shards():
                 (r0, c0), (r, c) = sh.metadata.shard_offsets, sh.metadata.shard_sizes
-                full[r0:r0 + r, c0:c0 + c] = sh.tensor
+                full[r0 : r0 + r, c0 : c0 + c] = sh.tensor
             out[name] = full
         else:
             out[name] = v.detach().clone()
@@ -396,12 +526,16 @@ def _train(overrides: List[str], batches: list, base: List[str] = TINY) -> Dict[
     torch.manual_seed(0)
     built = build_training(cfg, info, BATCH)
     dmp = built.model
-    res: Dict[str, Any] = {"keys": sorted(dmp.state_dict()), "tables0": _full_tables(dmp),
-                           "plan": sorted({s["sharding_type"] for s in dmp.plan_info.shards})}
+    res: Dict[str, Any] = {
+        "keys": sorted(dmp.state_dict()),
+        "tables0": _full_tables(dmp),
+        "plan": sorted({s["sharding_type"] for s in dmp.plan_info.shards}),
+    }
     if cfg.perf.embedding_output_dtype != "fp32":
         seen = []
         h = dmp.module.model.sparse_arch.register_forward_hook(  # (values, order): one rank, feature order
-            lambda m, i, o: seen.append(o[0].detach().clone()))
+            lambda m, i, o: seen.append(o[0].detach().clone())
+        )
         with torch.no_grad():
             dmp(batches[0])
         h.remove()
@@ -415,9 +549,14 @@ def _train(overrides: List[str], batches: list, base: List[str] = TINY) -> Dict[
             break
     res["losses"] = losses
     res["tables"] = _full_tables(dmp)
-    res["opt_state_dtypes"] = sorted({  # the fused Adagrad's per-table momentum, as stored
-        str(t.local_shards()[0].tensor.dtype if hasattr(t, "local_shards") else t.dtype)
-        for st in dmp.fused_optimizer.state.values() for k, t in st.items() if "momentum" in k})
+    res["opt_state_dtypes"] = sorted(
+        {  # the fused Adagrad's per-table momentum, as stored
+            str(t.local_shards()[0].tensor.dtype if hasattr(t, "local_shards") else t.dtype)
+            for st in dmp.fused_optimizer.state.values()
+            for k, t in st.items()
+            if "momentum" in k
+        }
+    )
     res["compiled"] = list(dmp.module.compiled_parts)
     res["bucket_bytes_cap"] = dmp._dmp_wrapped_module.bucket_bytes_cap  # DDP's, as TorchRec built it
     res["optimize_ddp"] = torch._dynamo.config.optimize_ddp  # what the step compiled under
@@ -435,15 +574,17 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     out = {"fp32": _train([], batches)}
     out["compile"] = _train(["perf.compile=true"], batches)
     out["unique_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-    out["one_graph"] = _train(["perf.compile=true", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=1"],
-                              batches)
+    out["one_graph"] = _train(
+        ["perf.compile=true", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=1"], batches
+    )
     # an over arch of 1.9 MiB of fp32 weights, so that 1 MiB buckets split the step; pieces counted as the
     # graphs AOTAutograd compiles
     wide = [o for o in TINY if not o.startswith("model.over_arch")] + ["model.over_arch_layer_sizes=[1024,256,1]"]
     for name, split in (("wide_split", "true"), ("wide_one_graph", "false")):
         before = torch._dynamo.utils.counters["aot_autograd"]["total"]
-        out[name] = _train(["perf.compile=true", f"perf.compile_ddp_split={split}", "perf.ddp_bucket_cap_mb=1"],
-                           batches, base=wide)
+        out[name] = _train(
+            ["perf.compile=true", f"perf.compile_ddp_split={split}", "perf.ddp_bucket_cap_mb=1"], batches, base=wide
+        )
         out[name]["graphs"] = torch._dynamo.utils.counters["aot_autograd"]["total"] - before
     out["fp16"] = _train(["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=fp16"], batches)
     # perf=fast as it runs on CPU (fp32 pooled embeddings): bf16 autocast with the bf16 DCN stream, one graph
@@ -487,8 +628,7 @@ def test_one_graph_and_bucket_size_keys_reach_dynamo_and_ddp(trained) -> None:
     wide_split, wide_one = trained["wide_split"], trained["wide_one_graph"]
     assert (wide_one["graphs"], wide_one["optimize_ddp"]) == (1, False)
     assert wide_split["graphs"] >= 2 and wide_split["optimize_ddp"], wide_split["graphs"]
-    torch.testing.assert_close(torch.tensor(wide_one["losses"]), torch.tensor(wide_split["losses"]), rtol=1e-5,
-                               atol=0)
+    torch.testing.assert_close(torch.tensor(wide_one["losses"]), torch.tensor(wide_split["losses"]), rtol=1e-5, atol=0)
 
 
 def test_fast_preset_trains_through_the_pipeline_with_the_bf16_dcn_stream(trained) -> None:
@@ -516,8 +656,9 @@ def test_fp16_tables_and_pooled_embeddings_on_cpu(trained) -> None:
     pooled, kjt = r["pooled"], trained["batches"][0].sparse_features
     assert pooled.dtype == torch.float16 and pooled.shape == (BATCH, 26, DIM)
     jt = kjt.to_dict()
-    expect = torch.stack([r["tables0"][f"t_{f}"].float()[jt[f].values().view(BATCH, 2)].sum(1) for f in FEATURE_NAMES],
-                         dim=1)
+    expect = torch.stack(
+        [r["tables0"][f"t_{f}"].float()[jt[f].values().view(BATCH, 2)].sum(1) for f in FEATURE_NAMES], dim=1
+    )
     torch.testing.assert_close(pooled.float(), expect, atol=1e-3, rtol=1e-3)
     # training steps the fp16 weights: finite losses near ln 2 that differ step to step, and exactly the rows
     # looked up in the STEPS batches change (Adagrad's first step moves a row by ~lr, far above fp16 resolution)
@@ -537,8 +678,21 @@ def _bench_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
     sys.path.insert(0, str(REPO / "bench"))
     import throughput
 
-    return throughput.main(["--smoke", "--variants", "stock", "fp32", "emb_fp16", "--profile", "fp32", "--out", out,
-                            "--ids-dtype", "int32"])
+    return throughput.main(
+        [
+            "--smoke",
+            "--variants",
+            "stock",
+            "fp32",
+            "emb_fp16",
+            "--profile",
+            "fp32",
+            "--out",
+            out,
+            "--ids-dtype",
+            "int32",
+        ]
+    )
 
 
 def test_throughput_smoke_one_process(tmp_path: Path) -> None:
@@ -569,13 +723,26 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
 def test_plan_that_forgets_fp32_adagrad_state_of_fp16_tables_is_refused() -> None:
     """TorchRec's planner sizes the element-wise Adagrad state of fp16 tables in fp16 (2 bytes per weight) while
     FBGEMM keeps it in fp32: the plan below fits by TorchRec's count and would not fit on the GPU."""
-    base = ["model=dlrm_v2", "device=cuda", "sharding=table_wise", "data.global_batch_size=65536",
-            "perf.embedding_dtype=fp16", "sharding.hbm_cap_gb=25"]
+    base = [
+        "model=dlrm_v2",
+        "device=cuda",
+        "sharding=table_wise",
+        "data.global_batch_size=65536",
+        "perf.embedding_dtype=fp16",
+        "sharding.hbm_cap_gb=25",
+    ]
 
     def plan(extra: List[str]):
         cfg, model = _meta_model(base + extra)
-        return plan_model(model, cfg.sharding, world_size=8, local_world_size=8, device=torch.device("cuda"),
-                          batch_size=8192, sparse_type=cfg.optimizer.sparse_type)
+        return plan_model(
+            model,
+            cfg.sharding,
+            world_size=8,
+            local_world_size=8,
+            device=torch.device("cuda"),
+            batch_size=8192,
+            sparse_type=cfg.optimizer.sparse_type,
+        )
 
     with pytest.raises(PlanError) as e:
         plan([])
@@ -583,9 +750,12 @@ def test_plan_that_forgets_fp32_adagrad_state_of_fp16_tables_is_refused() -> Non
     # the rank holds a 40 M x 128 table (40e6 x 128 x 2 B = 9.54 GiB of state missing) plus small ones
     import re
 
-    m = re.search(r"^rank \d+ would need ([\d.]+) GiB of HBM, above the 23.75 GiB usable: the plan counted "
-                  r"([\d.]+) GiB, .*\(([\d.]+) GiB more than TorchRec's planner counts\)\. Re-plan with "
-                  r"sharding.storage_reservation=0\.(\d\d)", msg)
+    m = re.search(
+        r"^rank \d+ would need ([\d.]+) GiB of HBM, above the 23.75 GiB usable: the plan counted "
+        r"([\d.]+) GiB, .*\(([\d.]+) GiB more than TorchRec's planner counts\)\. Re-plan with "
+        r"sharding.storage_reservation=0\.(\d\d)",
+        msg,
+    )
     assert m, msg
     need, counted, extra = (float(m.group(i)) for i in (1, 2, 3))
     assert 9.54 <= extra < 9.6 and abs(need - counted - extra) <= 0.011 and need > 23.75
@@ -599,8 +769,20 @@ def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
     import throughput
 
     torch.set_num_threads(1)
-    return throughput.main(["--smoke", "--alternate", "--sharding", "table_wise", "--variants", "fp32",
-                            "fast_sparsearch_copy", "fast_bounds_check", "--out", out])
+    return throughput.main(
+        [
+            "--smoke",
+            "--alternate",
+            "--sharding",
+            "table_wise",
+            "--variants",
+            "fp32",
+            "fast_sparsearch_copy",
+            "fast_bounds_check",
+            "--out",
+            out,
+        ]
+    )
 
 
 def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
@@ -655,8 +837,10 @@ def test_patched_compile_functions_take_what_the_trainer_passes() -> None:
 
     trainer_call = (object(), "default", False, True)
     inspect.signature(compile_dense).bind(*trainer_call)
-    swapped = {target: [fn for patch, _ in throughput.PATCHES.values() for t, fn in patch.items() if t == target]
-               for target in ("dlrm.trainer:compile_dense", "dlrm.trainer:use_lean_output_dist")}
+    swapped = {
+        target: [fn for patch, _ in throughput.PATCHES.values() for t, fn in patch.items() if t == target]
+        for target in ("dlrm.trainer:compile_dense", "dlrm.trainer:use_lean_output_dist")
+    }
     assert [len(v) for v in swapped.values()] == [4, 1]
     assert sum(len(patch) for patch, _ in throughput.PATCHES.values()) == 5  # no other target
     for fn in swapped["dlrm.trainer:compile_dense"]:
@@ -666,12 +850,12 @@ def test_patched_compile_functions_take_what_the_trainer_passes() -> None:
     for fn in swapped["dlrm.trainer:use_lean_output_dist"] + [use_lean_output_dist]:
         inspect.signature(fn).bind(*lean_call[0], **lean_call[1])
     src = (REPO / "dlrm" / "trainer.py").read_text()
-    assert ("compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)"
-            in src)
+    assert "compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)" in src
     assert "use_lean_output_dist(dmp, rank_blocks=blocks, a2a_listener=held)" in src
 
 
 # ------------------------------------------------------------------------------------------ all-reduce dtype
+
 
 def _reduced_grads(info: Any, dtype: str, group: str, rank: int) -> Dict[str, Any]:
     """One step of a table_wise DMP on the gloo ranks: the DDP-reduced dense gradients (``backward``), then each
@@ -681,19 +865,29 @@ def _reduced_grads(info: Any, dtype: str, group: str, rank: int) -> Dict[str, An
     from dlrm import data as D
     from dlrm.sharding import shard
 
-    cfg = to_config(compose(TINY + ["sharding=table_wise", f"perf.allreduce_dtype={dtype}",
-                                    f"perf.allreduce_group={group}"]))
+    cfg = to_config(
+        compose(TINY + ["sharding=table_wise", f"perf.allreduce_dtype={dtype}", f"perf.allreduce_group={group}"])
+    )
     torch.manual_seed(0)
     model = build_model(cfg.model, dense_device=torch.device("cpu"))
     pooling = {f"t_{f}": 2.0 for f in FEATURE_NAMES}
-    dmp, _ = shard(model, info, cfg.sharding, cfg.optimizer, BATCH, pooling, allreduce_dtype=dtype,
-                   allreduce_group=cfg.perf.allreduce_group)
+    dmp, _ = shard(
+        model,
+        info,
+        cfg.sharding,
+        cfg.optimizer,
+        BATCH,
+        pooling,
+        allreduce_dtype=dtype,
+        allreduce_group=cfg.perf.allreduce_group,
+    )
     g = torch.Generator().manual_seed(rank)
     n = BATCH
     ids = torch.stack([torch.randint(0, r, (n,), generator=g) for r in cfg.model.table_rows], 1)
     split = D.Split(torch.rand(n, 13, generator=g), ids, (torch.rand(n, generator=g) < 0.3).float(), "train")
-    batch = D.to_batch(split, torch.arange(n), FEATURE_NAMES, D.MultiHot(cfg.model.table_rows,
-                                                                          cfg.model.multi_hot_sizes))
+    batch = D.to_batch(
+        split, torch.arange(n), FEATURE_NAMES, D.MultiHot(cfg.model.table_rows, cfg.model.multi_hot_sizes)
+    )
     names = [n for n, p in dmp.named_parameters() if "embedding_bags" not in n and p.requires_grad]
     params = [dict(dmp.named_parameters())[n] for n in names]
     loss, _ = dmp(batch)
@@ -750,6 +944,7 @@ def test_allreduce_dtype_sets_the_ddp_gradient_precision(dtype: str) -> None:
 
 # ------------------------------------------------------------------------------------------- TBE bounds check
 
+
 def _bounds_worker(rank: int, world: int, mode: str) -> str:
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -760,12 +955,20 @@ def _bounds_worker(rank: int, world: int, mode: str) -> str:
     info = init_distributed("cpu")
     cfg = to_config(compose(TINY + ["sharding=table_wise", f"perf.tbe_bounds_check={mode}"]))
     model = build_model(cfg.model, dense_device=torch.device("cpu"))
-    dmp, _ = shard(model, info, cfg.sharding, cfg.optimizer, 4, {f"t_{f}": 1.0 for f in FEATURE_NAMES},
-                   fused_params=fused_params_of("fp32", cfg.perf.tbe_bounds_check))
+    dmp, _ = shard(
+        model,
+        info,
+        cfg.sharding,
+        cfg.optimizer,
+        4,
+        {f"t_{f}": 1.0 for f in FEATURE_NAMES},
+        fused_params=fused_params_of("fp32", cfg.perf.tbe_bounds_check),
+    )
     values = torch.zeros(26 * 4, dtype=torch.long)
     values[0] = 10 * ROWS  # out of range for table t_cat_0
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=FEATURE_NAMES, values=values,
-                                              lengths=torch.ones(26 * 4, dtype=torch.int32))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=FEATURE_NAMES, values=values, lengths=torch.ones(26 * 4, dtype=torch.int32)
+    )
     try:
         loss, _ = dmp(Batch(dense_features=torch.rand(4, 13), sparse_features=kjt, labels=torch.zeros(4)))
         return f"loss {float(loss):.4f}"

@@ -28,9 +28,16 @@ DIM = 8
 
 
 def _model_cfg() -> ModelConfig:
-    return ModelConfig(name="tiny", embedding_dim=DIM, row_cap=40, multi_hot_sizes=[2] * 26,
-                       dense_arch_layer_sizes=[16, DIM], over_arch_layer_sizes=[16, 1], dcn_num_layers=1,
-                       dcn_low_rank_dim=4)
+    return ModelConfig(
+        name="tiny",
+        embedding_dim=DIM,
+        row_cap=40,
+        multi_hot_sizes=[2] * 26,
+        dense_arch_layer_sizes=[16, DIM],
+        over_arch_layer_sizes=[16, 1],
+        dcn_num_layers=1,
+        dcn_low_rank_dim=4,
+    )
 
 
 def _cpu_sharder():
@@ -39,8 +46,7 @@ def _cpu_sharder():
 
     class CpuEBCSharder(EmbeddingBagCollectionSharder):
         def sharding_types(self, compute_device_type: str) -> List[str]:
-            return ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise",
-                    "data_parallel"]
+            return ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel"]
 
     return CpuEBCSharder()
 
@@ -58,19 +64,29 @@ def _batches(rank: int, n: int, seed: int, partial_last: bool) -> list:
         b = BATCH // 2 if (partial_last and i == n - 1) else BATCH
         lengths = torch.randint(0, 4, (26 * b,), generator=g, dtype=torch.int32)
         # KJT layout is feature-major: ids of feature f are below that table's row count
-        values = (torch.rand(int(lengths.sum()), generator=g)
-                  * rows.repeat_interleave(b).repeat_interleave(lengths.long())).long()
-        out.append(Batch(dense_features=torch.randn(b, 13, generator=g),
-                         sparse_features=KeyedJaggedTensor.from_lengths_sync(FEATURE_NAMES, values, lengths),
-                         labels=torch.randint(0, 2, (b,), generator=g).float()))
+        values = (
+            torch.rand(int(lengths.sum()), generator=g) * rows.repeat_interleave(b).repeat_interleave(lengths.long())
+        ).long()
+        out.append(
+            Batch(
+                dense_features=torch.randn(b, 13, generator=g),
+                sparse_features=KeyedJaggedTensor.from_lengths_sync(FEATURE_NAMES, values, lengths),
+                labels=torch.randint(0, 2, (b,), generator=g).float(),
+            )
+        )
     return out
 
 
 def _build(stype: str, world: int):
     """A sharded tiny DLRM-v2 with every table on ``stype``, and its optimizer (fused sparse + dense Adagrad)."""
     from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, row_wise,
-                                                    table_row_wise, table_wise)
+    from torchrec.distributed.sharding_plan import (
+        column_wise,
+        construct_module_sharding_plan,
+        row_wise,
+        table_row_wise,
+        table_wise,
+    )
     from torchrec.distributed.types import ShardingPlan
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
@@ -82,13 +98,21 @@ def _build(stype: str, world: int):
     model = build_model(_model_cfg())
     fuse_embedding_optimizer(model, OptimizerConfig(lr=0.05))
     ebc = model.model.sparse_arch.embedding_bag_collection
-    gen = {"table_wise": lambda i: table_wise(rank=i % world), "row_wise": lambda i: row_wise(),
-           "column_wise": lambda i: column_wise(ranks=list(range(world))),
-           "table_row_wise": lambda i: table_row_wise(host_index=0)}[stype]
+    gen = {
+        "table_wise": lambda i: table_wise(rank=i % world),
+        "row_wise": lambda i: row_wise(),
+        "column_wise": lambda i: column_wise(ranks=list(range(world))),
+        "table_row_wise": lambda i: table_row_wise(host_index=0),
+    }[stype]
     sharder = _cpu_sharder()
     mplan = construct_module_sharding_plan(
-        ebc, {f"t_cat_{i}": gen(i) for i in range(26)}, sharder=sharder, local_size=world, world_size=world,
-        device_type="cpu")
+        ebc,
+        {f"t_cat_{i}": gen(i) for i in range(26)},
+        sharder=sharder,
+        local_size=world,
+        world_size=world,
+        device_type="cpu",
+    )
     plan = ShardingPlan({"model.sparse_arch.embedding_bag_collection": mplan})
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
     dense = KeyedOptimizerWrapper(dense_params(dmp), lambda p: torch.optim.Adagrad(p, lr=0.05, eps=1e-8))
@@ -120,8 +144,15 @@ def _plain_losses(stype: str, world: int, rank: int, epochs: List[list]) -> List
 class _CollectiveLog:
     """Records (caller, group) of every all-to-all / reduce-scatter / all-gather issued through torch.distributed."""
 
-    NAMES = ("all_to_all_single", "all_to_all", "reduce_scatter_tensor", "reduce_scatter", "all_gather",
-             "all_gather_into_tensor", "all_reduce")
+    NAMES = (
+        "all_to_all_single",
+        "all_to_all",
+        "reduce_scatter_tensor",
+        "reduce_scatter",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_reduce",
+    )
 
     def __init__(self) -> None:
         self.calls: List[Tuple[str, Any]] = []
@@ -150,8 +181,12 @@ class _CollectiveLog:
 
 # the classes whose constructors issue the input dist's collectives (torchrec.distributed.dist_data): the splits
 # all-to-all (also the pipeline's fused one) and the lengths / values all-to-alls
-INPUT_DIST_SITES = ("SplitsAllToAllAwaitable.", "KJTAllToAllSplitsAwaitable.", "KJTAllToAllTensorsAwaitable.",
-                    "FusedKJTListSplitsAwaitable.")
+INPUT_DIST_SITES = (
+    "SplitsAllToAllAwaitable.",
+    "KJTAllToAllSplitsAwaitable.",
+    "KJTAllToAllTensorsAwaitable.",
+    "FusedKJTListSplitsAwaitable.",
+)
 
 
 def _is_input_dist_site(qualname: str) -> bool:
@@ -192,8 +227,11 @@ def _worker(rank: int, world: int) -> Dict[str, Any]:
                 res[key] = {
                     "equal": len(losses) == len(ref) and all(torch.equal(a, b) for a, b in zip(losses, ref)),
                     "max_diff": max((float((a - b).abs()) for a, b in zip(losses, ref)), default=None),
-                    "n": len(losses), "rows": rows, "steps": steps[0],
-                    "a2a": len(a2as), "a2a_on_dedicated": sum(m._pg is ded for m in a2as if ded is not None),
+                    "n": len(losses),
+                    "rows": rows,
+                    "steps": steps[0],
+                    "a2a": len(a2as),
+                    "a2a_on_dedicated": sum(m._pg is ded for m in a2as if ded is not None),
                     "a2a_types": sorted({type(m).__name__ for m in a2as}),
                     # (input-dist call site?, on the dedicated group?) pairs seen
                     "sites": sorted(site_groups),
@@ -212,8 +250,10 @@ def _worker(rank: int, world: int) -> Dict[str, Any]:
                     except StopIteration:
                         break
             res[f"{stype}/{group}/epochs"] = {
-                "n": len(losses), "steps": steps[0],
-                "equal": len(losses) == len(ref_epochs) and all(torch.equal(a, b) for a, b in zip(losses, ref_epochs))}
+                "n": len(losses),
+                "steps": steps[0],
+                "equal": len(losses) == len(ref_epochs) and all(torch.equal(a, b) for a, b in zip(losses, ref_epochs)),
+            }
     ddp = getattr(dmp, "_dmp_wrapped_module", None)
     res["ddp_group_is_dedicated"] = getattr(ddp, "process_group", None) is comms.input_dist_group()
     res["isinstance_kjta2a"] = KJTAllToAll.__name__
@@ -273,10 +313,19 @@ def test_torchrec_private_hooks_exist() -> None:
 
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 
-    assert comms.PRIVATE_NAMES == ("ShardedModule._create_input_dist", "ShardedModule._input_dists",
-                                   "KJTAllToAll._pg", "DefaultDataParallelWrapper._ddp_wrap")
+    assert comms.PRIVATE_NAMES == (
+        "ShardedModule._create_input_dist",
+        "ShardedModule._input_dists",
+        "KJTAllToAll._pg",
+        "DefaultDataParallelWrapper._ddp_wrap",
+    )
     assert list(inspect.signature(DefaultDataParallelWrapper._ddp_wrap).parameters) == [
-        "self", "dmp", "env", "device", "ddp_ignore_param_names"]
+        "self",
+        "dmp",
+        "env",
+        "device",
+        "ddp_ignore_param_names",
+    ]
     assert "env.process_group" in inspect.getsource(DefaultDataParallelWrapper._ddp_wrap)
     assert callable(getattr(ShardedEmbeddingBagCollection, "_create_input_dist", None))
     src = inspect.getsource(ShardedEmbeddingBagCollection)
@@ -290,8 +339,11 @@ def test_torchrec_private_hooks_exist() -> None:
 def test_cuda_stream_pipelines_are_refused_on_cpu(name: str) -> None:
     from dlrm.pipeline import build_pipeline
 
-    with pytest.raises(ConfigError, match=f"config key `pipeline.name`: pipeline={name} .* needs CUDA, but this run "
-                                          "is on cpu; use pipeline=sparse_dist on CPU"):
+    with pytest.raises(
+        ConfigError,
+        match=f"config key `pipeline.name`: pipeline={name} .* needs CUDA, but this run "
+        "is on cpu; use pipeline=sparse_dist on CPU",
+    ):
         build_pipeline(torch.nn.Linear(1, 1), None, torch.device("cpu"), PipelineConfig(name))
 
 
@@ -299,8 +351,13 @@ def test_trainer_refuses_cuda_stream_pipeline_before_loading_data(tmp_path) -> N
     """`python train.py pipeline=fused_sparse_dist` on CPU exits 2 naming the key, before any data loads."""
     import subprocess
 
-    r = subprocess.run([sys.executable, "train.py", "pipeline=fused_sparse_dist", "device=cpu",
-                        f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "train.py", "pipeline=fused_sparse_dist", "device=cpu", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "error: config key `pipeline.name`: pipeline=fused_sparse_dist" in r.stderr + r.stdout
     assert "data synthetic" not in r.stderr + r.stdout  # the data-loading log line never came
@@ -310,9 +367,19 @@ def _cuda_losses(tmp_path, pipeline: str, steps: int = 12, extra: Tuple[str, ...
     from dlrm.config import compose
     from dlrm.trainer import Trainer
 
-    cfg = compose(["device=cuda", "model=dlrm_v2_small", "data.batch_size=1024", "data.num_train_samples=16384",
-                   "eval.every_n_steps=null", "eval.at_end=false", "checkpoint.resume=none", f"pipeline={pipeline}",
-                   *extra])
+    cfg = compose(
+        [
+            "device=cuda",
+            "model=dlrm_v2_small",
+            "data.batch_size=1024",
+            "data.num_train_samples=16384",
+            "eval.every_n_steps=null",
+            "eval.at_end=false",
+            "checkpoint.resume=none",
+            f"pipeline={pipeline}",
+            *extra,
+        ]
+    )
     t = Trainer(cfg, str(tmp_path / pipeline))
     t.setup()
     try:
@@ -353,25 +420,40 @@ def test_semi_sync_reads_tables_one_step_stale_on_cuda(tmp_path) -> None:
 
 def test_semi_sync_start_batch_validates() -> None:
     assert to_config(compose(["pipeline=semi_sync"])).pipeline.semi_sync_start_batch == 0
-    with pytest.raises(ConfigError, match="config key `pipeline.semi_sync_start_batch`: got -1; use a batch index "
-                                          ">= 0"):
+    with pytest.raises(
+        ConfigError, match="config key `pipeline.semi_sync_start_batch`: got -1; use a batch index >= 0"
+    ):
         to_config(compose(["pipeline=semi_sync", "pipeline.semi_sync_start_batch=-1"]))
 
 
 def test_pipeline_and_offload_keys_validate() -> None:
-    cfg = to_config(compose(["pipeline=prefetch", "pipeline.input_dist_group=dedicated", "offload=uvm_caching",
-                             "offload.cache_load_factor=0.05", "offload.cache_algorithm=lfu"]))
+    cfg = to_config(
+        compose(
+            [
+                "pipeline=prefetch",
+                "pipeline.input_dist_group=dedicated",
+                "offload=uvm_caching",
+                "offload.cache_load_factor=0.05",
+                "offload.cache_algorithm=lfu",
+            ]
+        )
+    )
     assert (cfg.pipeline.name, cfg.pipeline.input_dist_group) == ("prefetch", "dedicated")
     assert (cfg.offload.name, cfg.offload.cache_load_factor, cfg.offload.cache_algorithm) == (
-        "uvm_caching", 0.05, "lfu")
+        "uvm_caching",
+        0.05,
+        "lfu",
+    )
     assert to_config(compose([])).offload.name == "none"
     with pytest.raises(ConfigError, match="config key `pipeline.name`: offload=uvm_caching .* add pipeline=prefetch"):
         to_config(compose(["offload=uvm_caching"]))
-    for override, key in [("pipeline.input_dist_group=own", "pipeline.input_dist_group"),
-                          ("pipeline.input_dist_max_ctas=0", "pipeline.input_dist_max_ctas"),
-                          ("offload.cache_load_factor=0", "offload.cache_load_factor"),
-                          ("offload.cache_algorithm=fifo", "offload.cache_algorithm"),
-                          ("offload.min_table_rows=-1", "offload.min_table_rows")]:
+    for override, key in [
+        ("pipeline.input_dist_group=own", "pipeline.input_dist_group"),
+        ("pipeline.input_dist_max_ctas=0", "pipeline.input_dist_max_ctas"),
+        ("offload.cache_load_factor=0", "offload.cache_load_factor"),
+        ("offload.cache_algorithm=fifo", "offload.cache_algorithm"),
+        ("offload.min_table_rows=-1", "offload.min_table_rows"),
+    ]:
         with pytest.raises(ConfigError, match=f"config key `{key}`"):
             to_config(compose(["pipeline=prefetch", "offload=uvm_caching", override]))
 
@@ -384,13 +466,17 @@ def test_input_dist_thread_block_cap_needs_the_dedicated_group_and_nccl() -> Non
     assert to_config(compose([])).pipeline.input_dist_max_ctas is None
     with pytest.raises(ConfigError) as e:
         to_config(compose(["pipeline.input_dist_max_ctas=4"]))
-    assert str(e.value) == ("config key `pipeline.input_dist_max_ctas`: sets the dedicated input-dist group's NCCL "
-                            "communicator (CUDA runs only) and has no effect while pipeline.input_dist_group=shared; "
-                            "add pipeline.input_dist_group=dedicated, or drop it on CPU")
+    assert str(e.value) == (
+        "config key `pipeline.input_dist_max_ctas`: sets the dedicated input-dist group's NCCL "
+        "communicator (CUDA runs only) and has no effect while pipeline.input_dist_group=shared; "
+        "add pipeline.input_dist_group=dedicated, or drop it on CPU"
+    )
     with pytest.raises(ConfigError) as e:
         check_pipeline_device(cfg, torch.device("cpu"))
-    assert str(e.value) == ("config key `pipeline.input_dist_max_ctas`: an NCCL communicator setting, and this run "
-                            "is on cpu (gloo); drop it (pipeline.input_dist_max_ctas=null)")
+    assert str(e.value) == (
+        "config key `pipeline.input_dist_max_ctas`: an NCCL communicator setting, and this run "
+        "is on cpu (gloo); drop it (pipeline.input_dist_max_ctas=null)"
+    )
     check_pipeline_device(cfg, torch.device("cuda"))  # accepted there: the cap goes to the group's NCCL options
 
 
@@ -408,13 +494,17 @@ def test_offload_constraints_pick_tables_by_size() -> None:
     assert big == ["t_cat_0", "t_cat_9", "t_cat_10", "t_cat_19", "t_cat_20", "t_cat_21"]  # 40 M x5, 3.07 M
     # 3,067,956 rows x 128 x 4 B = 1,498 MiB: a 2,000 MiB threshold keeps only the 40 M-row tables
     assert len(offloaded_tables(OffloadConfig("uvm", min_table_mb=2000), tables)) == 5
-    c = offload_constraints(OffloadConfig("uvm_caching", min_table_rows=1_000_000, cache_load_factor=0.05,
-                                          cache_algorithm="lfu"), tables)
+    c = offload_constraints(
+        OffloadConfig("uvm_caching", min_table_rows=1_000_000, cache_load_factor=0.05, cache_algorithm="lfu"), tables
+    )
     assert sorted(c) == sorted(big)
     p = c["t_cat_0"]
     assert p.compute_kernels == ["fused_uvm_caching"]
     assert (p.cache_params.load_factor, p.cache_params.algorithm, p.cache_params.prefetch_pipeline) == (
-        0.05, CacheAlgorithm.LFU, True)
+        0.05,
+        CacheAlgorithm.LFU,
+        True,
+    )
     u = offload_constraints(OffloadConfig("uvm"), tables)
     assert u["t_cat_5"].compute_kernels == ["fused_uvm"] and u["t_cat_5"].cache_params is None
     assert offload_constraints(OffloadConfig("none"), tables) is None
@@ -428,17 +518,30 @@ def test_offload_plans_on_a_cuda_topology_without_a_gpu() -> None:
     from dlrm.model import build_model, table_configs
     from dlrm.offload import offload_constraints
 
-    mc = ModelConfig(name="dlrm_v2", embedding_dim=128, row_cap=None, dense_arch_layer_sizes=[512, 256, 128],
-                     over_arch_layer_sizes=[1024, 1024, 512, 256, 1], dcn_low_rank_dim=512)
+    mc = ModelConfig(
+        name="dlrm_v2",
+        embedding_dim=128,
+        row_cap=None,
+        dense_arch_layer_sizes=[512, 256, 128],
+        over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+        dcn_low_rank_dim=512,
+    )
     for name, kernel in [("uvm", "fused_uvm"), ("uvm_caching", "fused_uvm_caching")]:
         oc = OffloadConfig(name, min_table_rows=1_000_000, cache_load_factor=0.2)
         planner = EmbeddingShardingPlanner(
             topology=Topology(world_size=2, compute_device="cuda", hbm_cap=140 * 2**30),
-            constraints=offload_constraints(oc, table_configs(mc)))
+            constraints=offload_constraints(oc, table_configs(mc)),
+        )
         plan = planner.plan(build_model(mc), get_default_sharders())
         kernels = {t: ps.compute_kernel for t, ps in plan.plan["model.sparse_arch.embedding_bag_collection"].items()}
         assert {t for t, k in kernels.items() if k == kernel} == {
-            "t_cat_0", "t_cat_9", "t_cat_10", "t_cat_19", "t_cat_20", "t_cat_21"}, kernels
+            "t_cat_0",
+            "t_cat_9",
+            "t_cat_10",
+            "t_cat_19",
+            "t_cat_20",
+            "t_cat_21",
+        }, kernels
         assert all(k == "fused" for t, k in kernels.items() if k != kernel), kernels
 
 

@@ -20,20 +20,34 @@ from conftest import REPO
 from dlrm.config import compose, to_config
 from dlrm.model import build_model
 from dlrm.plan import plan_job
-from dlrm.sharding import (GiB, PlanError, build_constraints, fuse_embedding_optimizer, load_plan, plan_model,
-                           save_plan, tables_of)
+from dlrm.sharding import (
+    GiB,
+    PlanError,
+    build_constraints,
+    fuse_embedding_optimizer,
+    load_plan,
+    plan_model,
+    save_plan,
+    tables_of,
+)
 
 SMALL = ["model.row_cap=64"]
-H200 = ["model=dlrm_v2", "device=cuda", "sharding.hbm_cap_gb=131.3", "sharding.ddr_cap_gb=200",
-        "data.global_batch_size=65536"]
+H200 = [
+    "model=dlrm_v2",
+    "device=cuda",
+    "sharding.hbm_cap_gb=131.3",
+    "sharding.ddr_cap_gb=200",
+    "data.global_batch_size=65536",
+]
 
 
 def _by_table(pi) -> dict:
     return {n: ps for mp in pi.plan.plan.values() for n, ps in mp.items()}
 
 
-@pytest.mark.parametrize("preset", ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel",
-                                    "grid_shard"])
+@pytest.mark.parametrize(
+    "preset", ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "grid_shard"]
+)
 def test_preset_forces_its_type_on_every_table(preset: str) -> None:
     pi = plan_job([*SMALL, f"sharding={preset}", "sharding.min_partition=4"], world_size=4, local_world_size=2)
     plan = _by_table(pi)
@@ -49,9 +63,16 @@ def test_preset_forces_its_type_on_every_table(preset: str) -> None:
 
 
 def test_per_table_constraints_override_the_preset() -> None:
-    pi = plan_job([*SMALL, "sharding=table_wise", "+sharding.constraints.t_cat_3.sharding_types=[row_wise]",
-                   "+sharding.constraints.t_cat_4.sharding_types=[column_wise]",
-                   "+sharding.constraints.t_cat_4.min_partition=8"], world_size=2)
+    pi = plan_job(
+        [
+            *SMALL,
+            "sharding=table_wise",
+            "+sharding.constraints.t_cat_3.sharding_types=[row_wise]",
+            "+sharding.constraints.t_cat_4.sharding_types=[column_wise]",
+            "+sharding.constraints.t_cat_4.min_partition=8",
+        ],
+        world_size=2,
+    )
     plan = _by_table(pi)
     assert plan["t_cat_3"].sharding_type == "row_wise" and plan["t_cat_0"].sharding_type == "table_wise"
     assert [m.shard_sizes for m in plan["t_cat_4"].sharding_spec.shards] == [[64, 8], [64, 8]]
@@ -61,10 +82,19 @@ def test_data_parallel_max_rows_replicates_the_small_tables() -> None:
     """``sharding.data_parallel_max_rows``: MLPerf DLRM-v2 capped at 4 M rows on 2 GPUs, 100k rows: the 18 tables of
     3 .. 39,060 rows go data_parallel on the dense kernel, the 8 of 405,282 rows and more stay table_wise / fused;
     a table's own sharding types win."""
-    base = ["model=dlrm_v2", "model.row_cap=4000000", "device=cuda", "sharding.hbm_cap_gb=131.3",
-            "sharding.ddr_cap_gb=200", "data.batch_size=32768", "sharding=table_wise"]
-    pi = plan_job([*base, "sharding.data_parallel_max_rows=100000",
-                   "+sharding.constraints.t_cat_1.sharding_types=[table_wise]"], world_size=2)
+    base = [
+        "model=dlrm_v2",
+        "model.row_cap=4000000",
+        "device=cuda",
+        "sharding.hbm_cap_gb=131.3",
+        "sharding.ddr_cap_gb=200",
+        "data.batch_size=32768",
+        "sharding=table_wise",
+    ]
+    pi = plan_job(
+        [*base, "sharding.data_parallel_max_rows=100000", "+sharding.constraints.t_cat_1.sharding_types=[table_wise]"],
+        world_size=2,
+    )
     rows = to_config(compose(["model=dlrm_v2", "model.row_cap=4000000"])).model.table_rows
     plan = _by_table(pi)
     dp = sorted((n for n, ps in plan.items() if ps.sharding_type == "data_parallel"), key=lambda n: int(n[6:]))
@@ -102,9 +132,15 @@ def test_mlperf_dlrm_v2_on_8_h200() -> None:
     assert max(hbm) <= 0.95 * 131.3 * GiB  # within the storage reservation
 
 
-@pytest.mark.parametrize("overrides,world,local", [
-    (["sharding=auto"], 2, 2), (["sharding=grid_shard", "sharding.min_partition=8"], 4, 2),
-    (["sharding=data_parallel"], 2, 2), (["sharding=table_row_wise"], 4, 2)])
+@pytest.mark.parametrize(
+    "overrides,world,local",
+    [
+        (["sharding=auto"], 2, 2),
+        (["sharding=grid_shard", "sharding.min_partition=8"], 4, 2),
+        (["sharding=data_parallel"], 2, 2),
+        (["sharding=table_row_wise"], 4, 2),
+    ],
+)
 def test_plan_json_round_trip_is_exact(tmp_path: Path, overrides: List[str], world: int, local: int) -> None:
     pi = plan_job([*SMALL, *overrides], world_size=world, local_world_size=local)
     f = tmp_path / "plan.json"
@@ -116,8 +152,9 @@ def test_plan_json_round_trip_is_exact(tmp_path: Path, overrides: List[str], wor
     back = load_plan(str(f), tables, world, local, "cpu")
     assert back.plan == pi.plan
     # and through the config key: no planning, the same plan
-    again = plan_job([*SMALL, "sharding=table_wise", f"sharding.plan_path={f}"], world_size=world,
-                     local_world_size=local)
+    again = plan_job(
+        [*SMALL, "sharding=table_wise", f"sharding.plan_path={f}"], world_size=world, local_world_size=local
+    )
     assert again.plan == pi.plan and again.source == str(f)
 
 
@@ -152,56 +189,94 @@ def test_shipped_balanced_plan_loads_for_its_model_only() -> None:
 # ------------------------------------------------------------------------------------------- plan-time errors
 def test_dim_not_multiple_of_4_for_fused_kernels() -> None:
     dim6 = [*SMALL, "model.embedding_dim=6", "model.dense_arch_layer_sizes=[8,6]"]
-    with pytest.raises(PlanError, match=r"table t_cat_0: embedding_dim 6 is not a multiple of 4.*"
-                                        r"model.embedding_dim.*\(e.g. 8\).*sharding=data_parallel"):
+    with pytest.raises(
+        PlanError,
+        match=r"table t_cat_0: embedding_dim 6 is not a multiple of 4.*"
+        r"model.embedding_dim.*\(e.g. 8\).*sharding=data_parallel",
+    ):
         plan_job([*dim6, "sharding=row_wise"], world_size=2)
     pi = plan_job([*dim6, "sharding=data_parallel"], world_size=2)  # the dense kernel has no such rule
     assert {ps.compute_kernel for ps in _by_table(pi).values()} == {"dense"}
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["sharding=column_wise", "sharding.min_partition=6"], "sharding.min_partition"),
-    (["sharding=grid_shard", "sharding.min_partition=32"], "sharding.min_partition"),
-    (["+sharding.constraints.t_cat_2.sharding_types=[column_wise]", "+sharding.constraints.t_cat_2.min_partition=12"],
-     "sharding.constraints.t_cat_2.min_partition"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["sharding=column_wise", "sharding.min_partition=6"], "sharding.min_partition"),
+        (["sharding=grid_shard", "sharding.min_partition=32"], "sharding.min_partition"),
+        (
+            [
+                "+sharding.constraints.t_cat_2.sharding_types=[column_wise]",
+                "+sharding.constraints.t_cat_2.min_partition=12",
+            ],
+            "sharding.constraints.t_cat_2.min_partition",
+        ),
+    ],
+)
 def test_column_width_that_does_not_divide(overrides: List[str], key: str) -> None:
-    with pytest.raises(PlanError, match=rf"config key `{key}` = \d+ is not a column shard width for "
-                                        r"embedding_dim 16.*\(4, 8, 16\)"):
+    with pytest.raises(
+        PlanError,
+        match=rf"config key `{key}` = \d+ is not a column shard width for "
+        r"embedding_dim 16.*\(4, 8, 16\)",
+    ):
         plan_job([*SMALL, *overrides], world_size=2)
 
 
 def test_constraint_naming_an_unknown_table() -> None:
-    with pytest.raises(PlanError, match=r"`sharding.constraints.t_cat_26`: the model has no table 't_cat_26'; "
-                                        r"its tables are t_cat_0 .. t_cat_25"):
+    with pytest.raises(
+        PlanError,
+        match=r"`sharding.constraints.t_cat_26`: the model has no table 't_cat_26'; "
+        r"its tables are t_cat_0 .. t_cat_25",
+    ):
         plan_job([*SMALL, "+sharding.constraints.t_cat_26.sharding_types=[row_wise]"], world_size=2)
 
 
 def test_sharding_type_or_kernel_the_backend_cannot_run() -> None:
-    with pytest.raises(PlanError, match=r"table t_cat_0: config key `sharding.compute_kernel` = \['fused_uvm'\] "
-                                        r"cannot run table_wise tables on cpu \(needs CUDA\)"):
+    with pytest.raises(
+        PlanError,
+        match=r"table t_cat_0: config key `sharding.compute_kernel` = \['fused_uvm'\] "
+        r"cannot run table_wise tables on cpu \(needs CUDA\)",
+    ):
         plan_job([*SMALL, "sharding=table_wise", "sharding.compute_kernel=fused_uvm"], world_size=2)
     # TorchRec's stock sharder refuses row_wise on CPU; the check names the table, the type and what runs.
     cfg = to_config(compose([*SMALL, "+sharding.constraints.t_cat_7.sharding_types=[row_wise]"]))
     tables = tables_of(build_model(cfg.model, dense_device=torch.device("meta")))
-    with pytest.raises(PlanError, match=r"table t_cat_7: config key `sharding.constraints.t_cat_7.sharding_types` "
-                                        r"asks for row_wise, which the cpu backend cannot run \(it runs "
-                                        r"data_parallel, table_wise, column_wise, table_column_wise\)"):
+    with pytest.raises(
+        PlanError,
+        match=r"table t_cat_7: config key `sharding.constraints.t_cat_7.sharding_types` "
+        r"asks for row_wise, which the cpu backend cannot run \(it runs "
+        r"data_parallel, table_wise, column_wise, table_column_wise\)",
+    ):
         build_constraints(cfg.sharding, tables, "cpu", sharder=EmbeddingBagCollectionSharder())
 
 
 def test_table_larger_than_its_memory() -> None:
     # table_wise + fused: a 40 M x 128 table (38 GiB with Adagrad) on 16 GiB GPUs.
-    with pytest.raises(PlanError, match=r"table t_cat_0 \(40,000,000 x 128 fp32 with its optimizer state, 38.15 "
-                                        r"GiB\) does not fit the 15.20 GiB of HBM per rank.*"
-                                        r"sharding_types=\[row_wise\].*more GPUs.*fused_uvm_caching"):
-        plan_job([*H200, "sharding=table_wise", "sharding.compute_kernel=fused", "sharding.hbm_cap_gb=16"],
-                 world_size=8)
+    with pytest.raises(
+        PlanError,
+        match=r"table t_cat_0 \(40,000,000 x 128 fp32 with its optimizer state, 38.15 "
+        r"GiB\) does not fit the 15.20 GiB of HBM per rank.*"
+        r"sharding_types=\[row_wise\].*more GPUs.*fused_uvm_caching",
+    ):
+        plan_job(
+            [*H200, "sharding=table_wise", "sharding.compute_kernel=fused", "sharding.hbm_cap_gb=16"], world_size=8
+        )
     # row_wise fits no table either when the whole model exceeds all ranks: the planner's failure, explained.
-    with pytest.raises(PlanError, match=r"the planner found no placement for 26 tables on 2 ranks .*Largest: "
-                                        r"table t_cat_0 .*row_wise.*more GPUs.*fused_uvm_caching"):
-        plan_job([*H200, "sharding=row_wise", "sharding.hbm_cap_gb=16", "sharding.ddr_cap_gb=1",
-                  "data.global_batch_size=1024"], world_size=2)
+    with pytest.raises(
+        PlanError,
+        match=r"the planner found no placement for 26 tables on 2 ranks .*Largest: "
+        r"table t_cat_0 .*row_wise.*more GPUs.*fused_uvm_caching",
+    ):
+        plan_job(
+            [
+                *H200,
+                "sharding=row_wise",
+                "sharding.hbm_cap_gb=16",
+                "sharding.ddr_cap_gb=1",
+                "data.global_batch_size=1024",
+            ],
+            world_size=2,
+        )
 
 
 def test_cuda_planning_without_a_gpu_needs_the_capacity() -> None:
@@ -214,56 +289,126 @@ def test_cuda_planning_without_a_gpu_needs_the_capacity() -> None:
 # ------------------------------------------------------------------------------------------- commands
 def test_plan_command_prints_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    p = subprocess.run([sys.executable, "-m", "dlrm.plan", *SMALL, "sharding=row_wise", "world_size=4",
-                        "local_world_size=2", f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlrm.plan",
+            *SMALL,
+            "sharding=row_wise",
+            "world_size=4",
+            "local_world_size=2",
+            f"out={out}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == "sharding plan (planner) for 4 ranks (2 per host) on cpu:"
-    assert lines[1].split() == ["table", "sharding", "type", "kernel", "ranks", "shards", "(rows", "x", "cols)",
-                                "est.", "memory", "per", "rank"]
+    assert lines[1].split() == [
+        "table",
+        "sharding",
+        "type",
+        "kernel",
+        "ranks",
+        "shards",
+        "(rows",
+        "x",
+        "cols)",
+        "est.",
+        "memory",
+        "per",
+        "rank",
+    ]
     row = next(line for line in lines if line.startswith("t_cat_0 "))
     assert row.split()[:5] == ["t_cat_0", "row_wise", "fused", "0-3", "4x[16,16]"]
     assert sum(line.startswith("  rank ") for line in lines) == 4
     assert json.loads(out.read_text())["world_size"] == 4
-    bad = subprocess.run([sys.executable, "-m", "dlrm.plan", *SMALL, "+sharding.constraints.t_x.min_partition=4"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "dlrm.plan", *SMALL, "+sharding.constraints.t_x.min_partition=4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "no table 't_x'" in bad.stderr
 
 
 def test_trainer_prints_and_saves_the_plan_and_reuses_it(tmp_path: Path) -> None:
-    common = ["trainer.max_steps=2", "data.num_train_samples=1024", "data.num_val_samples=256",
-              "eval.every_n_steps=null", "logger.log_every_n_steps=1"]
+    common = [
+        "trainer.max_steps=2",
+        "data.num_train_samples=1024",
+        "data.num_val_samples=256",
+        "eval.every_n_steps=null",
+        "logger.log_every_n_steps=1",
+    ]
     d1, d2 = tmp_path / "a", tmp_path / "b"
-    p1 = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={d1}", "sharding=column_wise",
-                         "sharding.min_partition=8", *common], cwd=REPO, capture_output=True, text=True, timeout=300)
+    p1 = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d1}",
+            "sharding=column_wise",
+            "sharding.min_partition=8",
+            *common,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p1.returncode == 0, p1.stdout + p1.stderr
     assert "sharding plan (planner) for 1 ranks" in p1.stdout
     assert "t_cat_0   column_wise" in p1.stdout
     saved = json.loads((d1 / "plan.json").read_text())
     assert {t["sharding_type"] for t in saved["tables"]} == {"column_wise"}
     assert all(s["sizes"][1] == 8 for t in saved["tables"] for s in t["shards"])
-    p2 = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={d2}", f"sharding.plan_path={d1 / 'plan.json'}",
-                         *common], cwd=REPO, capture_output=True, text=True, timeout=300)
+    p2 = subprocess.run(
+        [sys.executable, "train.py", f"hydra.run.dir={d2}", f"sharding.plan_path={d1 / 'plan.json'}", *common],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p2.returncode == 0, p2.stdout + p2.stderr
     assert f"sharding plan ({d1 / 'plan.json'})" in p2.stdout
     strip = lambda doc: [{k: v for k, v in t.items()} for t in doc["tables"]]  # noqa: E731
     assert strip(json.loads((d2 / "plan.json").read_text())) == strip(saved)
-    losses = [[r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
-              for d in (d1, d2)]
+    losses = [
+        [r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+        for d in (d1, d2)
+    ]
     assert len(losses[0]) == 2 and losses[0] == losses[1]  # same plan, same seed: the same run
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["sharding.name=diagonal"], r"`sharding.name`: got 'diagonal'; choose sharding=auto\|table_wise"),
-    (["sharding=row_wise", "sharding.compute_kernel=dense"], r"`sharding.compute_kernel`: the dense kernel only runs "
-                                                             r"data_parallel"),
-    (["sharding=data_parallel", "sharding.compute_kernel=fused"], r"`sharding.compute_kernel`: data_parallel tables"),
-    (["sharding.compute_kernel=uvm"], r"`sharding.compute_kernel`: got 'uvm'"),
-    (["+sharding.constraints.t_cat_0.sharding_types=[rowwise]"],
-     r"`sharding.constraints.t_cat_0.sharding_types`: unknown value\(s\) \['rowwise'\]"),
-    (["+sharding.constraints.t_cat_0.kernel=[fused]"], r"`sharding.constraints.t_cat_0`: unknown field\(s\) \['kernel'\]"),
-    (["+sharding.constraints.t_cat_0.min_partition=0"], r"`sharding.constraints.t_cat_0.min_partition`"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["sharding.name=diagonal"], r"`sharding.name`: got 'diagonal'; choose sharding=auto\|table_wise"),
+        (
+            ["sharding=row_wise", "sharding.compute_kernel=dense"],
+            r"`sharding.compute_kernel`: the dense kernel only runs "
+            r"data_parallel",
+        ),
+        (
+            ["sharding=data_parallel", "sharding.compute_kernel=fused"],
+            r"`sharding.compute_kernel`: data_parallel tables",
+        ),
+        (["sharding.compute_kernel=uvm"], r"`sharding.compute_kernel`: got 'uvm'"),
+        (
+            ["+sharding.constraints.t_cat_0.sharding_types=[rowwise]"],
+            r"`sharding.constraints.t_cat_0.sharding_types`: unknown value\(s\) \['rowwise'\]",
+        ),
+        (
+            ["+sharding.constraints.t_cat_0.kernel=[fused]"],
+            r"`sharding.constraints.t_cat_0`: unknown field\(s\) \['kernel'\]",
+        ),
+        (["+sharding.constraints.t_cat_0.min_partition=0"], r"`sharding.constraints.t_cat_0.min_partition`"),
+    ],
+)
 def test_bad_sharding_config_names_the_key(overrides: List[str], match: str) -> None:
     from dlrm.config import ConfigError
 

@@ -35,16 +35,23 @@ from conftest import run_gloo
 TOL = 1e-5
 STEPS = 3
 BATCH = 16  # per rank
-SMALL = ["model.row_cap=64", "model.embedding_dim=16", "optimizer.lr=0.1", "optimizer.sparse_lr=0.05", "optimizer.eps=0.1",
-         "sharding.min_partition=4"]
-TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel",
-         "grid_shard"]
-MIXED = ["+sharding.constraints.t_cat_0.sharding_types=[row_wise]",
-         "+sharding.constraints.t_cat_1.sharding_types=[column_wise]",
-         "+sharding.constraints.t_cat_2.sharding_types=[data_parallel]",
-         "+sharding.constraints.t_cat_3.sharding_types=[table_row_wise]",
-         "+sharding.constraints.t_cat_4.sharding_types=[grid_shard]",
-         "sharding.sharding_types=[table_wise]"]
+SMALL = [
+    "model.row_cap=64",
+    "model.embedding_dim=16",
+    "optimizer.lr=0.1",
+    "optimizer.sparse_lr=0.05",
+    "optimizer.eps=0.1",
+    "sharding.min_partition=4",
+]
+TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel", "grid_shard"]
+MIXED = [
+    "+sharding.constraints.t_cat_0.sharding_types=[row_wise]",
+    "+sharding.constraints.t_cat_1.sharding_types=[column_wise]",
+    "+sharding.constraints.t_cat_2.sharding_types=[data_parallel]",
+    "+sharding.constraints.t_cat_3.sharding_types=[table_row_wise]",
+    "+sharding.constraints.t_cat_4.sharding_types=[grid_shard]",
+    "sharding.sharding_types=[table_wise]",
+]
 
 
 def _preset(t: str) -> List[str]:
@@ -71,7 +78,9 @@ def _column_blocks(plan: Any, table: str, dim: int) -> List[Tuple[int, int]]:
     for mplan in plan.plan.values():
         ps = mplan.get(table)
         if ps is not None and ps.sharding_spec is not None:
-            cols = sorted({(m.shard_offsets[1], m.shard_offsets[1] + m.shard_sizes[1]) for m in ps.sharding_spec.shards})
+            cols = sorted(
+                {(m.shard_offsets[1], m.shard_offsets[1] + m.shard_sizes[1]) for m in ps.sharding_spec.shards}
+            )
             return cols
     return [(0, dim)]
 
@@ -109,7 +118,7 @@ def _case(rank: int, world: int, cfg: Any) -> Dict[str, Any]:
             else:
                 parts = [([0, 0], v)]
             for (r0, c0), t in parts:
-                t.copy_(tables[name][r0:r0 + t.shape[0], c0:c0 + t.shape[1]])
+                t.copy_(tables[name][r0 : r0 + t.shape[0], c0 : c0 + t.shape[1]])
             local[name] = parts
 
     sharded_opt = CombinedOptimizer([("fused", dmp.fused_optimizer), ("dense", dense_optimizer(dmp, opt))])
@@ -151,7 +160,7 @@ def _case(rank: int, world: int, cfg: Any) -> Dict[str, Any]:
                     g = t.grad
                     for j, (c0, c1) in enumerate(blocks[n] if stypes[n] != "data_parallel" else [(0, t.shape[1])]):
                         acc[n][:, j] += g[:, c0:c1].pow(2).mean(1)
-                        t[:, c0:c1] -= opt.embedding_lr * g[:, c0:c1] / (acc[n][:, j:j + 1].sqrt() + opt.eps)
+                        t[:, c0:c1] -= opt.embedding_lr * g[:, c0:c1] / (acc[n][:, j : j + 1].sqrt() + opt.eps)
                     whole_acc[n] += g.pow(2).mean(1)
                     whole[n] -= opt.embedding_lr * g / (whole_acc[n].sqrt()[:, None] + opt.eps)
                     t.grad = None
@@ -166,16 +175,20 @@ def _case(rank: int, world: int, cfg: Any) -> Dict[str, Any]:
                 continue
             full, cover = torch.zeros_like(t), torch.zeros_like(t)
             for (r0, c0), s in local.get(n, []):
-                full[r0:r0 + s.shape[0], c0:c0 + s.shape[1]] += s
-                cover[r0:r0 + s.shape[0], c0:c0 + s.shape[1]] += 1
+                full[r0 : r0 + s.shape[0], c0 : c0 + s.shape[1]] += s
+                cover[r0 : r0 + s.shape[0], c0 : c0 + s.shape[1]] += 1
             dist.all_reduce(full)
             dist.all_reduce(cover)
             assert torch.equal(cover, torch.ones_like(cover)), f"{n}: shards do not tile the table exactly once"
             errs["weights"] = max(errs["weights"], (full - t).abs().max().item())
             if rowwise and len(blocks[n]) > 1:
                 errs["whole_row_gap"] = max(errs["whole_row_gap"], (full - whole[n]).abs().max().item())
-    return {"errs": errs, "losses": losses, "types": sorted(set(stypes.values())),
-            "plan": {n: ps for mp in plan.plan.values() for n, ps in mp.items()}}
+    return {
+        "errs": errs,
+        "losses": losses,
+        "types": sorted(set(stypes.values())),
+        "plan": {n: ps for mp in plan.plan.values() for n, ps in mp.items()},
+    }
 
 
 def _cases_worker(rank: int, world: int, cases: List[Tuple[str, Any]], local_world: Optional[int]) -> Any:
@@ -214,14 +227,15 @@ def test_every_sharding_type_matches_unsharded_2_ranks(tmp_path: Path) -> None:
     cfg = to_config(compose([*SMALL, *MIXED]))
     m = build_model(cfg.model, dense_device=torch.device("cpu"))
     fuse_embedding_optimizer(m, cfg.optimizer)
-    saved = plan_model(m, cfg.sharding, world_size=2, local_world_size=2, device=torch.device("cpu"),
-                       batch_size=BATCH)
+    saved = plan_model(m, cfg.sharding, world_size=2, local_world_size=2, device=torch.device("cpu"), batch_size=BATCH)
     plan_file = tmp_path / "plan.json"
     save_plan(saved, str(plan_file))
 
     cases = [(t, _preset(t)) for t in TYPES]
-    cases += [(f"rowwise_{t}", [*_preset(t), "optimizer.sparse_type=rowwise_adagrad", "optimizer.eps=0.01"])
-              for t in ("row_wise", "column_wise", "grid_shard", "data_parallel")]
+    cases += [
+        (f"rowwise_{t}", [*_preset(t), "optimizer.sparse_type=rowwise_adagrad", "optimizer.eps=0.01"])
+        for t in ("row_wise", "column_wise", "grid_shard", "data_parallel")
+    ]
     cases += [("mixed", MIXED), ("from_plan_json", [f"sharding.plan_path={plan_file}"])]
     results = run_gloo(2, _cases_worker, _configs(cases), None, timeout=600)
     for t in TYPES:

@@ -30,8 +30,17 @@ def records(run_dir: Path) -> List[dict]:
 
 def test_default_run_single_process(tmp_path: Path) -> None:
     d = tmp_path / "run"
-    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", "trainer.max_steps=40", "eval.every_n_steps=20",
-             "logger.log_every_n_steps=10", "data.num_val_samples=2048"])
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            "trainer.max_steps=40",
+            "eval.every_n_steps=20",
+            "logger.log_every_n_steps=10",
+            "data.num_val_samples=2048",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     recs = records(d)
     steps = [r for r in recs if "loss" in r]
@@ -59,8 +68,9 @@ def test_criteo_sample_one_and_two_processes_agree(tmp_path: Path) -> None:
     d1, d2 = tmp_path / "one", tmp_path / "two"
     p1 = run([sys.executable, "train.py", f"hydra.run.dir={d1}", *common])
     assert p1.returncode == 0, p1.stdout + p1.stderr
-    p2 = run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d2}",
-              *common])
+    p2 = run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d2}", *common]
+    )
     assert p2.returncode == 0, p2.stdout + p2.stderr
     a1, a2 = _final_auc(d1), _final_auc(d2)
     assert [r["val_samples"] for r in records(d2) if "val_auc" in r][-1] == 2000  # rows 8,001-10,000
@@ -72,10 +82,27 @@ def test_criteo_sample_one_and_two_processes_agree(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("torchx", path=ENV["PATH"]) is None, reason="torchx is not installed")
 def test_torchx_dist_ddp_two_processes(tmp_path: Path) -> None:
     d = tmp_path / "tx"
-    p = run([str(BIN / "torchx"), "run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path / 'logs'}", "dist.ddp",
-             "-j", "1x2", "--script", "train.py", "--",
-             f"hydra.run.dir={d}", "trainer.max_steps=20", "data.num_train_samples=10240",
-             "data.num_val_samples=1024", "logger.log_every_n_steps=10"])
+    p = run(
+        [
+            str(BIN / "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "-cfg",
+            f"log_dir={tmp_path / 'logs'}",
+            "dist.ddp",
+            "-j",
+            "1x2",
+            "--script",
+            "train.py",
+            "--",
+            f"hydra.run.dir={d}",
+            "trainer.max_steps=20",
+            "data.num_train_samples=10240",
+            "data.num_val_samples=1024",
+            "logger.log_every_n_steps=10",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     recs = records(d)
     assert [r["step"] for r in recs if "loss" in r] == [10, 20]
@@ -83,26 +110,48 @@ def test_torchx_dist_ddp_two_processes(tmp_path: Path) -> None:
     assert recs[0]["samples"] == 10 * 256 * 2  # per-rank batch x 2 ranks
 
 
-@pytest.mark.parametrize("content,override,match", [
-    (None, "data.train_path={tmp}/missing.tsv", "config key `data.train_path`: no such file"),
-    ("", "data.train_path={tmp}/x.tsv", r"x\.tsv: empty file"),
-    ("1\t2\n", "data.train_path={tmp}/x.tsv", r"x\.tsv:1: 2 tab-separated fields, expected 40"),
-])
+@pytest.mark.parametrize(
+    "content,override,match",
+    [
+        (None, "data.train_path={tmp}/missing.tsv", "config key `data.train_path`: no such file"),
+        ("", "data.train_path={tmp}/x.tsv", r"x\.tsv: empty file"),
+        ("1\t2\n", "data.train_path={tmp}/x.tsv", r"x\.tsv:1: 2 tab-separated fields, expected 40"),
+    ],
+)
 def test_bad_input_fails_fast_with_file_and_line(tmp_path: Path, content, override, match) -> None:
     if content is not None:
         (tmp_path / "x.tsv").write_text(content)
-    p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", "data=criteo_tsv",
-             override.format(tmp=tmp_path)])
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            "data=criteo_tsv",
+            override.format(tmp=tmp_path),
+        ]
+    )
     assert p.returncode != 0
     import re
+
     assert re.search(match, p.stdout + p.stderr), p.stdout + p.stderr
 
 
 def test_dedicated_input_dist_group_trains_and_offload_needs_cuda(tmp_path: Path) -> None:
     d = tmp_path / "ded"
-    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", "device=cpu", "pipeline.input_dist_group=dedicated",
-             "trainer.max_steps=10", "logger.log_every_n_steps=5", "data.num_train_samples=2560",
-             "data.num_val_samples=1024", "data.num_test_samples=0"])
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            "device=cpu",
+            "pipeline.input_dist_group=dedicated",
+            "trainer.max_steps=10",
+            "logger.log_every_n_steps=5",
+            "data.num_train_samples=2560",
+            "data.num_val_samples=1024",
+            "data.num_test_samples=0",
+        ]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert [r["step"] for r in records(d) if "loss" in r] == [5, 10]
     assert "input dist of 1 sharded module(s) on a dedicated process group" in p.stdout + p.stderr

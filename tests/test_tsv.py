@@ -51,15 +51,18 @@ def test_max_rows(tmp_path: Path) -> None:
     assert len(read_tsv(p, max_rows=3)) == 3
 
 
-@pytest.mark.parametrize("text,match", [
-    (_line() + "\n" + "\t".join(["0"] * 39) + "\n", r"x\.tsv:2: 39 tab-separated fields, expected 40"),
-    (_line("0", ["abc"] + [""] * 12) + "\n", r"x\.tsv:1: integer feature I1 is 'abc'"),
-    (_line() + "\n" + _line("2") + "\n", r"x\.tsv:2: label '2' is not 0 or 1"),
-    (_line("0", None, ["zz"] + [""] * 25) + "\n", r"x\.tsv:1: categorical feature C1 is 'zz'"),
-    (_line() + "\n\n" + _line() + "\n", r"x\.tsv:2: blank line"),
-    ("", r"x\.tsv: empty file"),
-    ("\n", r"x\.tsv: empty file"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        (_line() + "\n" + "\t".join(["0"] * 39) + "\n", r"x\.tsv:2: 39 tab-separated fields, expected 40"),
+        (_line("0", ["abc"] + [""] * 12) + "\n", r"x\.tsv:1: integer feature I1 is 'abc'"),
+        (_line() + "\n" + _line("2") + "\n", r"x\.tsv:2: label '2' is not 0 or 1"),
+        (_line("0", None, ["zz"] + [""] * 25) + "\n", r"x\.tsv:1: categorical feature C1 is 'zz'"),
+        (_line() + "\n\n" + _line() + "\n", r"x\.tsv:2: blank line"),
+        ("", r"x\.tsv: empty file"),
+        ("\n", r"x\.tsv: empty file"),
+    ],
+)
 def test_bad_input_names_file_and_line(tmp_path: Path, text: str, match: str) -> None:
     with pytest.raises(TsvFormatError, match=match):
         read_tsv(_write(tmp_path, text))

@@ -61,8 +61,14 @@ class Split:
 
     def rows(self, start: int, stop: int, name: str) -> "Split":
         """Rows ``[start, stop)`` as a new split (views, no copy)."""
-        return Split(self.dense[start:stop], self.ids[start:stop], self.labels[start:stop], name, self.source,
-                     self.first_line + start)
+        return Split(
+            self.dense[start:stop],
+            self.ids[start:stop],
+            self.labels[start:stop],
+            name,
+            self.source,
+            self.first_line + start,
+        )
 
     def describe_rows(self, start: int, stop: int) -> str:
         """Where rows ``[start, stop)`` are, e.g. ``train.tsv lines 101-164``."""
@@ -90,11 +96,13 @@ class MultiHot:
             raise ConfigError(
                 f"data.multi_hot: the MLPerf expansion tables would take {need / 2**30:.1f} GiB of host memory "
                 f"(limit {MULTI_HOT_MAX_BYTES / 2**30:.0f} GiB); cap the tables with model.row_cap=<rows> or "
-                "keep ids 1-hot with data.multi_hot=false")
+                "keep ids 1-hot with data.multi_hot=false"
+            )
         self.sizes = [int(m) for m in sizes]
         # the reference's draws, int32 as the reference stores them (dlrm.data.multihot: one implementation)
         self.tables: List[Optional[torch.Tensor]] = [
-            None if tab is None else torch.from_numpy(tab) for tab in build_tables(table_rows, sizes, seed)]
+            None if tab is None else torch.from_numpy(tab) for tab in build_tables(table_rows, sizes, seed)
+        ]
 
     def bags(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """Ids of table ``t``'s bags, int64 ``[len(ids) * size_t]`` (sample-major)."""
@@ -113,7 +121,8 @@ def to_batch(split: Split, idx: torch.Tensor, feature_names: Sequence[str], mult
         values.append(multi_hot.bags(t, col) if multi_hot is not None else col)
         lengths.append(torch.full((b,), m, dtype=torch.int32))
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(feature_names), values=torch.cat(values), lengths=torch.cat(lengths))
+        keys=list(feature_names), values=torch.cat(values), lengths=torch.cat(lengths)
+    )
     return Batch(dense_features=split.dense[idx], sparse_features=kjt, labels=split.labels[idx])
 
 
@@ -134,9 +143,20 @@ def train_plan(n_rows: int, global_batch: int, world_size: int) -> List[Tuple[in
     return plan
 
 
-def train_batches(split: Split, *, global_batch: int, rank: int, world_size: int, epochs: int,
-                  max_steps: Optional[int], feature_names: Sequence[str], multi_hot: Optional[MultiHot],
-                  shuffle: bool, seed: int, start_step: int = 0) -> Iterator[Batch]:
+def train_batches(
+    split: Split,
+    *,
+    global_batch: int,
+    rank: int,
+    world_size: int,
+    epochs: int,
+    max_steps: Optional[int],
+    feature_names: Sequence[str],
+    multi_hot: Optional[MultiHot],
+    shuffle: bool,
+    seed: int,
+    start_step: int = 0,
+) -> Iterator[Batch]:
     """Yield this rank's training batches over ``epochs`` passes, stopping after ``max_steps`` in all.
 
     Every rank yields the same number of batches of the same size. With ``shuffle``, each epoch's row order is
@@ -148,9 +168,17 @@ def train_batches(split: Split, *, global_batch: int, rank: int, world_size: int
     if not isinstance(split, Split):  # data=criteo_binary: memory-mapped, vectorised reader (dlrm/data/binary.py)
         from dlrm.data import binary
 
-        yield from binary.train_batches(split, plan=plan, rank=rank, epochs=epochs, max_steps=max_steps,
-                                        feature_names=feature_names, multi_hot=multi_hot,  # type: ignore[arg-type]
-                                        prefetch=split.prefetch, pin_memory=split.pin_memory)
+        yield from binary.train_batches(
+            split,
+            plan=plan,
+            rank=rank,
+            epochs=epochs,
+            max_steps=max_steps,
+            feature_names=feature_names,
+            multi_hot=multi_hot,  # type: ignore[arg-type]
+            prefetch=split.prefetch,
+            pin_memory=split.pin_memory,
+        )
         return
     step = 0
     for epoch in range(epochs):
@@ -178,8 +206,7 @@ def steps_per_epoch(n_rows: int, global_batch: int, world_size: int) -> int:
     return len(train_plan(n_rows, global_batch, world_size))
 
 
-def batch_position(split: Split, step: int, *, global_batch: int, rank: int, world_size: int,
-                   shuffle: bool) -> str:
+def batch_position(split: Split, step: int, *, global_batch: int, rank: int, world_size: int, shuffle: bool) -> str:
     """Where this rank's batch of training step ``step`` (1-based, as :func:`train_batches` yields) came from."""
     plan = train_plan(len(split), global_batch, world_size)
     epoch, i = divmod(step - 1, len(plan))
@@ -191,8 +218,15 @@ def batch_position(split: Split, step: int, *, global_batch: int, rank: int, wor
     return f"epoch {epoch} batch {i}: {where}"
 
 
-def eval_batches(split: Split, *, batch_size: int, rank: int, world_size: int, feature_names: Sequence[str],
-                 multi_hot: Optional[MultiHot]) -> Iterator[Tuple[Batch, torch.Tensor]]:
+def eval_batches(
+    split: Split,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    feature_names: Sequence[str],
+    multi_hot: Optional[MultiHot],
+) -> Iterator[Tuple[Batch, torch.Tensor]]:
     """Yield ``(batch, weight)`` for this rank's share of an evaluation split.
 
     Rows are split into ``world_size`` contiguous shares (sizes differ by at most one). Every rank yields the
@@ -203,9 +237,16 @@ def eval_batches(split: Split, *, batch_size: int, rank: int, world_size: int, f
     if not isinstance(split, Split):  # data=criteo_binary (dlrm/data/binary.py), same layout
         from dlrm.data import binary
 
-        yield from binary.eval_batches(split, batch_size=batch_size, rank=rank, world_size=world_size,
-                                       feature_names=feature_names, multi_hot=multi_hot,  # type: ignore[arg-type]
-                                       prefetch=split.prefetch, pin_memory=split.pin_memory)
+        yield from binary.eval_batches(
+            split,
+            batch_size=batch_size,
+            rank=rank,
+            world_size=world_size,
+            feature_names=feature_names,
+            multi_hot=multi_hot,  # type: ignore[arg-type]
+            prefetch=split.prefetch,
+            pin_memory=split.pin_memory,
+        )
         return
     n = len(split)
     bounds = [n * r // world_size for r in range(world_size + 1)]
@@ -242,15 +283,20 @@ def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, 
     assert cfg.train_path
     raw = read_tsv(cfg.train_path, max_rows=cfg.max_rows, config_key="data.train_path")
     train = _split_from_raw(raw, table_rows, "train", cfg.train_path)
-    test = (_split_from_raw(read_tsv(cfg.test_path, config_key="data.test_path"), table_rows, "test", cfg.test_path)
-            if cfg.test_path else None)
+    test = (
+        _split_from_raw(read_tsv(cfg.test_path, config_key="data.test_path"), table_rows, "test", cfg.test_path)
+        if cfg.test_path
+        else None
+    )
     if cfg.val_path:
         val = _split_from_raw(read_tsv(cfg.val_path, config_key="data.val_path"), table_rows, "val", cfg.val_path)
         return train, val, test
     n_train = int(round(len(train) * (1.0 - cfg.val_fraction)))
     if n_train == 0 or n_train == len(train):
-        raise ConfigError(f"data.train_path {cfg.train_path!r} has {len(train)} rows: too few to hold out "
-                         f"data.val_fraction={cfg.val_fraction}; give data.val_path or more rows")
+        raise ConfigError(
+            f"data.train_path {cfg.train_path!r} has {len(train)} rows: too few to hold out "
+            f"data.val_fraction={cfg.val_fraction}; give data.val_path or more rows"
+        )
     return train.rows(0, n_train, "train"), train.rows(n_train, len(train), "val"), test
 
 
@@ -272,6 +318,7 @@ class Teacher:
     def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Unnormalised teacher logits, float32 ``[N]``: dense, per-id and pairwise parts, each scaled to unit
         standard deviation, weighted 1 : 1 : 0.5."""
+
         def unit(x: torch.Tensor) -> torch.Tensor:
             return (x - x.mean()) / x.std().clamp_min(1e-12)
 
@@ -282,8 +329,7 @@ class Teacher:
         return unit(dense @ self.w) + unit(bias) + 0.5 * unit(pairs)
 
 
-def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int
-                   ) -> Tuple[Split, Split, Optional[Split]]:
+def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int) -> Tuple[Split, Split, Optional[Split]]:
     """Teacher-labelled MLPerf-shaped splits of ``data.num_train_samples``, ``data.num_val_samples`` and
     ``data.num_test_samples`` rows (no test split when 0).
 
@@ -319,9 +365,14 @@ def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split,
     if data.name == "criteo_binary":
         from dlrm.data import binary
 
-        return binary.load_splits(data.dataset_dir, rows, data.max_rows,  # type: ignore[return-value]
-                                  multi_hot_files=_binary_materialized(data, model), prefetch=data.prefetch,
-                                  pin_memory=data.pin_memory)
+        return binary.load_splits(
+            data.dataset_dir,
+            rows,
+            data.max_rows,  # type: ignore[return-value]
+            multi_hot_files=_binary_materialized(data, model),
+            prefetch=data.prefetch,
+            pin_memory=data.pin_memory,
+        )
     return load_criteo_tsv(data, rows)
 
 
@@ -336,8 +387,11 @@ def _binary_materialized(data: DataConfig, model: ModelConfig) -> bool:
 
     meta = binary.read_meta(data.dataset_dir)
     mat = meta.get("multi_hot") or {}
-    have = bool(mat.get("materialized")) and mat.get("sizes") == list(model.multi_hot_sizes) and \
-        mat.get("seed") == data.multi_hot_seed
+    have = (
+        bool(mat.get("materialized"))
+        and mat.get("sizes") == list(model.multi_hot_sizes)
+        and mat.get("seed") == data.multi_hot_seed
+    )
     return have or data.multi_hot_source == "materialized"
 
 
@@ -351,6 +405,7 @@ def make_multi_hot(data: DataConfig, model: ModelConfig) -> Optional[object]:
         from dlrm.data import binary
 
         source = "materialized" if _binary_materialized(data, model) else "on_the_fly"
-        return binary.make_multi_hot(data.dataset_dir, binary.read_meta(data.dataset_dir), source,
-                                     model.multi_hot_sizes, data.multi_hot_seed)
+        return binary.make_multi_hot(
+            data.dataset_dir, binary.read_meta(data.dataset_dir), source, model.multi_hot_sizes, data.multi_hot_seed
+        )
     return MultiHot(model.table_rows, model.multi_hot_sizes, data.multi_hot_seed)

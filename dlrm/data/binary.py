@@ -123,25 +123,31 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
     with open(path, "rb") as f:
         try:
             version = np.lib.format.read_magic(f)
-            shape, fortran, dt = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
-                                  else np.lib.format.read_array_header_2_0(f))
+            shape, fortran, dt = (
+                np.lib.format.read_array_header_1_0(f) if version == (1, 0) else np.lib.format.read_array_header_2_0(f)
+            )
         except ValueError as e:
             raise BinaryFormatError(f"{path}: not a .npy file ({e}); re-run data/preprocess_criteo.py") from None
         offset = f.tell()
     want = (cols,) if cols is not None else ()
     if dt != np.dtype(dtype) or fortran or tuple(shape[1:]) != want:
-        raise BinaryFormatError(f"{path}: {dt} {shape}, expected {np.dtype(dtype)} [N{', ' + str(cols) if cols else ''}]"
-                                "; the file is not from data/preprocess_criteo.py")
+        raise BinaryFormatError(
+            f"{path}: {dt} {shape}, expected {np.dtype(dtype)} [N{', ' + str(cols) if cols else ''}]"
+            "; the file is not from data/preprocess_criteo.py"
+        )
     row_bytes = dt.itemsize * (cols or 1)
     have = os.path.getsize(path) - offset
     if have < shape[0] * row_bytes:
         raise BinaryFormatError(
             f"{path}: truncated: {have} data bytes for {shape[0]} rows of {row_bytes} bytes; row {have // row_bytes} "
             "is the first incomplete one. Re-run data/preprocess_criteo.py for this day (delete its "
-            "day_*.done.json marker to force it)")
+            "day_*.done.json marker to force it)"
+        )
     if rows is not None and shape[0] != rows:
-        raise BinaryFormatError(f"{path}: {shape[0]} rows, but {META} and the other files of this day have {rows}; "
-                                "the day's files come from different runs: re-run data/preprocess_criteo.py for it")
+        raise BinaryFormatError(
+            f"{path}: {shape[0]} rows, but {META} and the other files of this day have {rows}; "
+            "the day's files come from different runs: re-run data/preprocess_criteo.py for it"
+        )
     if shape[0] == 0:
         return np.zeros(shape, dtype=dt)
     return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=tuple(shape))
@@ -151,14 +157,18 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
 def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]:
     path = os.path.join(root, META)
     if not os.path.isfile(path):
-        raise BinaryFormatError(f"config key `{config_key}`: {root!r} has no {META}; build the dataset with "
-                                "`python data/preprocess_criteo.py --layout terabyte --input-dir <day files> "
-                                f"--out {root}`")
+        raise BinaryFormatError(
+            f"config key `{config_key}`: {root!r} has no {META}; build the dataset with "
+            "`python data/preprocess_criteo.py --layout terabyte --input-dir <day files> "
+            f"--out {root}`"
+        )
     with open(path, encoding="utf-8") as f:
         meta = json.load(f)
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise BinaryFormatError(f"{path}: format {meta.get('format')!r} v{meta.get('version')}, expected {FORMAT!r} "
-                                f"v{VERSION}; rebuild with data/preprocess_criteo.py")
+        raise BinaryFormatError(
+            f"{path}: format {meta.get('format')!r} v{meta.get('version')}, expected {FORMAT!r} "
+            f"v{VERSION}; rebuild with data/preprocess_criteo.py"
+        )
     return meta
 
 
@@ -167,21 +177,25 @@ def split_ranges(meta: Dict[str, Any]) -> Dict[str, List[Tuple[int, int, int]]]:
     ``ceil(N/2)`` rows validate, the rest test), every other day trains (MLPerf: days 0-22 / 23)."""
     days = meta["days"]
     if len(days) < 2:
-        raise BinaryFormatError(f"{META} lists {len(days)} day(s); the splits need training days and one evaluation "
-                                "day (the last)")
+        raise BinaryFormatError(
+            f"{META} lists {len(days)} day(s); the splits need training days and one evaluation day (the last)"
+        )
     ev = days[-1]
     half = (ev["rows"] + 1) // 2
-    return {"train": [(d["day"], 0, d["rows"]) for d in days[:-1]],
-            "val": [(ev["day"], 0, half)], "test": [(ev["day"], half, ev["rows"])]}
+    return {
+        "train": [(d["day"], 0, d["rows"]) for d in days[:-1]],
+        "val": [(ev["day"], 0, half)],
+        "test": [(ev["day"], half, ev["rows"])],
+    }
 
 
 # ------------------------------------------------------------------------------------------------- split
 @dataclass
 class _Piece:
     day: int
-    lo: int          # first row in the day file
-    n: int           # rows
-    start: int       # first row in the split
+    lo: int  # first row in the day file
+    n: int  # rows
+    start: int  # first row in the split
     dense: np.ndarray
     sparse: np.ndarray
     labels: np.ndarray
@@ -201,8 +215,15 @@ class BinarySplit:
     :func:`eval_batches` here.
     """
 
-    def __init__(self, root: str, meta: Dict[str, Any], name: str, ranges: Sequence[Tuple[int, int, int]],
-                 max_rows: Optional[int] = None, multi_hot_files: bool = False) -> None:
+    def __init__(
+        self,
+        root: str,
+        meta: Dict[str, Any],
+        name: str,
+        ranges: Sequence[Tuple[int, int, int]],
+        max_rows: Optional[int] = None,
+        multi_hot_files: bool = False,
+    ) -> None:
         self.root, self.name, self.source = root, name, root
         self.prefetch: int = 2  # loader settings (data.prefetch / data.pin_memory), set by load_splits
         self.pin_memory: Optional[bool] = None
@@ -218,13 +239,25 @@ class BinarySplit:
             n_day = rows_of[day]
             mh = None
             if multi_hot_files:
-                mh = open_npy(day_file(root, day, "sparse_multi_hot"), np.int32, None,
-                              n_day * int(sum(meta["multi_hot"]["sizes"])))
-            self.pieces.append(_Piece(
-                day, lo, hi - lo, start,
-                open_npy(day_file(root, day, "dense"), np.float32, NUM_DENSE, n_day),
-                open_npy(day_file(root, day, "sparse"), np.int32, NUM_SPARSE, n_day),
-                open_npy(day_file(root, day, "labels"), np.int32, 1, n_day), mh, n_day))
+                mh = open_npy(
+                    day_file(root, day, "sparse_multi_hot"),
+                    np.int32,
+                    None,
+                    n_day * int(sum(meta["multi_hot"]["sizes"])),
+                )
+            self.pieces.append(
+                _Piece(
+                    day,
+                    lo,
+                    hi - lo,
+                    start,
+                    open_npy(day_file(root, day, "dense"), np.float32, NUM_DENSE, n_day),
+                    open_npy(day_file(root, day, "sparse"), np.int32, NUM_SPARSE, n_day),
+                    open_npy(day_file(root, day, "labels"), np.int32, 1, n_day),
+                    mh,
+                    n_day,
+                )
+            )
             start += hi - lo
         self.n = start
         self._starts = np.asarray([p.start for p in self.pieces], dtype=np.int64)
@@ -259,15 +292,20 @@ class BinaryMultiHot:
     expansion tables: ``multi_hot_tables/`` memory-mapped when present, else built in memory).
     """
 
-    def __init__(self, mode: str, sizes: Sequence[int], table_rows: Sequence[int], seed: int,
-                 tables: Optional[List[Optional[np.ndarray]]] = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        sizes: Sequence[int],
+        table_rows: Sequence[int],
+        seed: int,
+        tables: Optional[List[Optional[np.ndarray]]] = None,
+    ) -> None:
         self.mode, self.sizes, self.seed = mode, [int(m) for m in sizes], seed
         self.table_rows = [int(r) for r in table_rows]
         self.tables = tables
 
 
-def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int
-                   ) -> BinaryMultiHot:
+def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int) -> BinaryMultiHot:
     """Pick materialized or on-the-fly multi-hot for ``data.multi_hot_source`` (auto: materialized if on disk).
 
     Raises:
@@ -279,7 +317,8 @@ def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence
         raise BinaryFormatError(
             f"config key `data.multi_hot_source`: {root} has no materialized multi-hot for sizes "
             f"{list(sizes)} seed {seed} ({META}: {mat or 'none'}); run `python data/preprocess_criteo.py multihot "
-            f"--out {root} --mode materialize` or set data.multi_hot_source=on_the_fly")
+            f"--out {root} --mode materialize` or set data.multi_hot_source=on_the_fly"
+        )
     rows = meta["table_rows"]
     if source == "materialized" or (source == "auto" and have):
         return BinaryMultiHot("materialized", sizes, rows, seed)
@@ -290,7 +329,8 @@ def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence
             raise BinaryFormatError(
                 f"config key `data.multi_hot_source`: on-the-fly multi-hot needs expansion tables of "
                 f"{need / 2**30:.1f} GiB; build them on disk once with `python data/preprocess_criteo.py multihot "
-                f"--out {root} --mode tables` (memory-mapped afterwards)")
+                f"--out {root} --mode tables` (memory-mapped afterwards)"
+            )
         tables = mh_mod.build_tables(rows, sizes, seed)
     return BinaryMultiHot("on_the_fly", sizes, rows, seed, tables)
 
@@ -329,20 +369,32 @@ class BatchReader:
     # ids copied and range-checked per piece: 1 MB, well inside a core's L2 (2 MB on the development VM).
     CHECK_CHUNK = 1 << 18
 
-    def __init__(self, split: BinarySplit, feature_names: Sequence[str], multi_hot: Optional[BinaryMultiHot],
-                 pin_memory: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        split: BinarySplit,
+        feature_names: Sequence[str],
+        multi_hot: Optional[BinaryMultiHot],
+        pin_memory: Optional[bool] = None,
+    ) -> None:
         self.split, self.keys, self.mh = split, list(feature_names), multi_hot
         if len(self.keys) != NUM_SPARSE:
             raise ValueError(f"{len(self.keys)} feature names for {NUM_SPARSE} tables")
         self.sizes = multi_hot.sizes if multi_hot is not None else [1] * NUM_SPARSE
         if multi_hot is not None and multi_hot.table_rows != split.table_rows.tolist():
-            raise BinaryFormatError(f"{split.root}: multi-hot built for table rows {multi_hot.table_rows}, the dataset "
-                                    f"has {split.table_rows.tolist()}")
-        if multi_hot is not None and multi_hot.mode == "materialized" and \
-                any(p.multi_hot is None for p in split.pieces):
-            raise BinaryFormatError(f"{split.root}: materialized multi-hot asked for, but the {split.name} split was "
-                                    "opened without its day_*_sparse_multi_hot.npy files (load_splits(..., "
-                                    "multi_hot_files=True))")
+            raise BinaryFormatError(
+                f"{split.root}: multi-hot built for table rows {multi_hot.table_rows}, the dataset "
+                f"has {split.table_rows.tolist()}"
+            )
+        if (
+            multi_hot is not None
+            and multi_hot.mode == "materialized"
+            and any(p.multi_hot is None for p in split.pieces)
+        ):
+            raise BinaryFormatError(
+                f"{split.root}: materialized multi-hot asked for, but the {split.name} split was "
+                "opened without its day_*_sparse_multi_hot.npy files (load_splits(..., "
+                "multi_hot_files=True))"
+            )
         self.pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._layouts: Dict[int, _Layout] = {}
         self._rows_u32 = split.table_rows.astype(np.uint32)
@@ -387,12 +439,12 @@ class BatchReader:
             pieces.append((p0, lo0, 1, n))
         for p, lo, cnt, off in pieces:
             sl = slice(off, off + cnt)
-            np.copyto(dense[sl], p.dense[lo:lo + cnt])
-            np.copyto(labels[sl], p.labels[lo:lo + cnt, 0], casting="unsafe")
+            np.copyto(dense[sl], p.dense[lo : lo + cnt])
+            np.copyto(labels[sl], p.labels[lo : lo + cnt, 0], casting="unsafe")
             if mat:
                 self._copy_multi_hot(p, lo, cnt, off, values, lay)
             else:
-                np.copyto(ids[:, sl], p.sparse[lo:lo + cnt].T)
+                np.copyto(ids[:, sl], p.sparse[lo : lo + cnt].T)
         if b > n:
             pad = slice(n + 1, b)
             dense[pad] = dense[n]
@@ -400,17 +452,23 @@ class BatchReader:
             if mat:
                 for t, m in enumerate(self.sizes):
                     o = lay.offset_per_key[t]
-                    sec = values[o:o + b * m].reshape(b, m)
-                    sec[n + 1:] = sec[n]
+                    sec = values[o : o + b * m].reshape(b, m)
+                    sec[n + 1 :] = sec[n]
             else:
-                ids[:, pad] = ids[:, n:n + 1]
+                ids[:, pad] = ids[:, n : n + 1]
         if not mat:
             self._check(ids, pieces, "sparse")
             if self.mh is not None:
                 mh_mod.expand_into(self.mh.tables, self.sizes, ids, values, lay.offset_per_key)
         kjt = KeyedJaggedTensor(
-            keys=self.keys, values=values_t, lengths=lay.lengths, offsets=lay.offsets, stride=b,
-            length_per_key=lay.length_per_key, offset_per_key=lay.offset_per_key)
+            keys=self.keys,
+            values=values_t,
+            lengths=lay.lengths,
+            offsets=lay.offsets,
+            stride=b,
+            length_per_key=lay.length_per_key,
+            offset_per_key=lay.offset_per_key,
+        )
         return Batch(dense_features=dense_t, sparse_features=kjt, labels=labels_t)
 
     def _copy_multi_hot(self, p: _Piece, lo: int, cnt: int, off: int, values: np.ndarray, lay: _Layout) -> None:
@@ -433,8 +491,8 @@ class BatchReader:
             d = lay.offset_per_key[t] + off * m
             n, lim = cnt * m, self._rows_u32[t]
             for a in range(0, n, chunk):
-                part = dst[d + a:d + min(n, a + chunk)]
-                np.copyto(part, src[s + a:s + a + part.shape[0]])
+                part = dst[d + a : d + min(n, a + chunk)]
+                np.copyto(part, src[s + a : s + a + part.shape[0]])
                 if top(part) >= lim:
                     k = a + int(np.flatnonzero(part >= lim)[0])
                     self._raise_bad(p.day, lo + k // m, t, int(values[d + k]), "sparse_multi_hot")
@@ -455,7 +513,8 @@ class BatchReader:
         raise BinaryFormatError(
             f"{day_file(self.split.root, day, kind)}: row {row} (0-based), feature C{t + 1}: id {val} is "
             f"outside table {t}'s {int(self.split.table_rows[t])} rows (ids are never remapped); the file "
-            "is corrupt or was built for other table sizes: re-run data/preprocess_criteo.py")
+            "is corrupt or was built for other table sizes: re-run data/preprocess_criteo.py"
+        )
 
 
 class Prefetcher:
@@ -511,9 +570,18 @@ def _prefetched(gen: Iterator[Any], depth: int) -> Iterator[Any]:
     return iter(Prefetcher(gen, depth)) if depth > 0 else gen
 
 
-def train_batches(split: BinarySplit, *, plan: Sequence[Tuple[int, int]], rank: int, epochs: int,
-                  max_steps: Optional[int], feature_names: Sequence[str], multi_hot: Optional[BinaryMultiHot],
-                  prefetch: int = 2, pin_memory: Optional[bool] = None) -> Iterator[Batch]:
+def train_batches(
+    split: BinarySplit,
+    *,
+    plan: Sequence[Tuple[int, int]],
+    rank: int,
+    epochs: int,
+    max_steps: Optional[int],
+    feature_names: Sequence[str],
+    multi_hot: Optional[BinaryMultiHot],
+    prefetch: int = 2,
+    pin_memory: Optional[bool] = None,
+) -> Iterator[Batch]:
     """This rank's training batches: for each ``(start, size)`` of ``plan`` (``dlrm.data.train_plan``), rows
     ``[start + rank*size, start + (rank+1)*size)``; every rank gets the same count and sizes."""
     reader = BatchReader(split, feature_names, multi_hot, pin_memory)
@@ -530,9 +598,17 @@ def train_batches(split: BinarySplit, *, plan: Sequence[Tuple[int, int]], rank: 
     return _prefetched(gen(), prefetch)
 
 
-def eval_batches(split: BinarySplit, *, batch_size: int, rank: int, world_size: int,
-                 feature_names: Sequence[str], multi_hot: Optional[BinaryMultiHot], prefetch: int = 2,
-                 pin_memory: Optional[bool] = None) -> Iterator[Tuple[Batch, torch.Tensor]]:
+def eval_batches(
+    split: BinarySplit,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    feature_names: Sequence[str],
+    multi_hot: Optional[BinaryMultiHot],
+    prefetch: int = 2,
+    pin_memory: Optional[bool] = None,
+) -> Iterator[Tuple[Batch, torch.Tensor]]:
     """``(batch, weight)`` of this rank's contiguous share, the layout of ``dlrm.data.eval_batches``: every
     rank yields the same number of full batches; padding rows (copies of split row 0) weigh 0."""
     reader = BatchReader(split, feature_names, multi_hot, pin_memory)
@@ -556,8 +632,14 @@ def eval_batches(split: BinarySplit, *, batch_size: int, rank: int, world_size: 
 
 
 # ------------------------------------------------------------------------------------------ trainer entry
-def load_splits(root: str, table_rows: Sequence[int], max_rows: Optional[int], multi_hot_files: bool,
-                prefetch: int = 2, pin_memory: Optional[bool] = None) -> Tuple[BinarySplit, BinarySplit, BinarySplit]:
+def load_splits(
+    root: str,
+    table_rows: Sequence[int],
+    max_rows: Optional[int],
+    multi_hot_files: bool,
+    prefetch: int = 2,
+    pin_memory: Optional[bool] = None,
+) -> Tuple[BinarySplit, BinarySplit, BinarySplit]:
     """Train, validation and test splits of the dataset at ``root`` (MLPerf split rule, see module doc).
 
     Raises:
@@ -569,19 +651,27 @@ def load_splits(root: str, table_rows: Sequence[int], max_rows: Optional[int], m
         raise BinaryFormatError(
             f"config key `model.num_embeddings_per_feature` / `model.row_cap`: the model's table rows "
             f"{list(table_rows)} differ from those {root} was hashed into ({meta['table_rows']}); set the model's "
-            "rows to the dataset's or rebuild the dataset with data/preprocess_criteo.py --table-rows")
+            "rows to the dataset's or rebuild the dataset with data/preprocess_criteo.py --table-rows"
+        )
     r = split_ranges(meta)
-    out = (BinarySplit(root, meta, "train", r["train"], max_rows, multi_hot_files),
-           BinarySplit(root, meta, "val", r["val"], None, multi_hot_files),
-           BinarySplit(root, meta, "test", r["test"], None, multi_hot_files))
+    out = (
+        BinarySplit(root, meta, "train", r["train"], max_rows, multi_hot_files),
+        BinarySplit(root, meta, "val", r["val"], None, multi_hot_files),
+        BinarySplit(root, meta, "test", r["test"], None, multi_hot_files),
+    )
     for s in out:
         s.prefetch, s.pin_memory = prefetch, pin_memory
     return out
 
 
-def write_dataset(root: str, days: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]], table_rows: Sequence[int],
-                  dense_transform: str = "log1p", dense_min: Optional[int] = None,
-                  first_day: int = 0) -> Dict[str, Any]:
+def write_dataset(
+    root: str,
+    days: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]],
+    table_rows: Sequence[int],
+    dense_transform: str = "log1p",
+    dense_min: Optional[int] = None,
+    first_day: int = 0,
+) -> Dict[str, Any]:
     """Write already-transformed arrays as a dataset (tests and ``bench/loader.py``; real data goes through
     ``data/preprocess_criteo.py``). ``days``: ``(dense float32 [N,13], ids int32 [N,26], labels int [N])``."""
     os.makedirs(root, exist_ok=True)
@@ -589,18 +679,28 @@ def write_dataset(root: str, days: Sequence[Tuple[np.ndarray, np.ndarray, np.nda
     for i, (dense, ids, labels) in enumerate(days):
         d = first_day + i
         files = {}
-        for kind, arr in (("dense", np.asarray(dense, np.float32)), ("sparse", np.asarray(ids, np.int32)),
-                          ("labels", np.asarray(labels, np.int32).reshape(-1, 1))):
+        for kind, arr in (
+            ("dense", np.asarray(dense, np.float32)),
+            ("sparse", np.asarray(ids, np.int32)),
+            ("labels", np.asarray(labels, np.int32).reshape(-1, 1)),
+        ):
             w = NpyWriter(day_file(root, d, kind), arr.dtype, arr.shape[1])
             for lo in range(0, arr.shape[0], 1 << 20):
-                w.append(arr[lo:lo + (1 << 20)])
+                w.append(arr[lo : lo + (1 << 20)])
             w.close()
             os.replace(day_file(root, d, kind) + ".partial", day_file(root, d, kind))
             files[os.path.basename(day_file(root, d, kind))] = sha256_file(day_file(root, d, kind))
         entries.append({"day": d, "rows": int(labels.shape[0]), "files": files})
-    meta = {"format": FORMAT, "version": VERSION, "layout": "arrays", "days": entries,
-            "table_rows": [int(r) for r in table_rows], "dense_transform": dense_transform, "dense_min": dense_min,
-            "multi_hot": None}
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "layout": "arrays",
+        "days": entries,
+        "table_rows": [int(r) for r in table_rows],
+        "dense_transform": dense_transform,
+        "dense_min": dense_min,
+        "multi_hot": None,
+    }
     write_meta(root, meta)
     return meta
 

@@ -63,8 +63,10 @@ def read_tsv(path: str, max_rows: Optional[int] = None, config_key: str = "data.
             categorical value that is not 32-bit hex; the message names ``path`` and the line number.
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"config key `{config_key}`: no such file {path!r} "
-                                f"(cwd {os.getcwd()}); pass {config_key}=<path to a Criteo TSV file>")
+        raise FileNotFoundError(
+            f"config key `{config_key}`: no such file {path!r} "
+            f"(cwd {os.getcwd()}); pass {config_key}=<path to a Criteo TSV file>"
+        )
     labels: List[int] = []
     ints = []
     cats = []
@@ -78,8 +80,10 @@ def read_tsv(path: str, max_rows: Optional[int] = None, config_key: str = "data.
                 blank_at = blank_at or lineno  # blank lines are fine only at the end of the file
                 continue
             if blank_at:
-                raise TsvFormatError(f"{path}:{blank_at}: blank line before more rows; every line needs "
-                                     f"{NUM_FIELDS} tab-separated fields (label, I1..I13, C1..C26): delete it")
+                raise TsvFormatError(
+                    f"{path}:{blank_at}: blank line before more rows; every line needs "
+                    f"{NUM_FIELDS} tab-separated fields (label, I1..I13, C1..C26): delete it"
+                )
             label, row_i, row_c = parse_line(line, path, lineno)
             labels.append(label)
             ints.append([x if x > 0 else 0 for x in row_i])
@@ -109,7 +113,8 @@ def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[
     if len(fields) != NUM_FIELDS:
         raise TsvFormatError(
             f"{path}:{lineno}: {len(fields)} tab-separated fields, expected {NUM_FIELDS} "
-            "(label, I1..I13, C1..C26; missing values are empty fields, not absent ones)")
+            "(label, I1..I13, C1..C26; missing values are empty fields, not absent ones)"
+        )
     lab = fields[0]
     if lab not in ("0", "1"):
         raise TsvFormatError(f"{path}:{lineno}: label {lab!r} is not 0 or 1 (first field)")
@@ -122,8 +127,10 @@ def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[
         try:
             row_i.append(int(v))
         except ValueError:
-            raise TsvFormatError(f"{path}:{lineno}: integer feature I{j + 1} is {v!r}, not an integer "
-                                 "(leave the field empty for a missing value)") from None
+            raise TsvFormatError(
+                f"{path}:{lineno}: integer feature I{j + 1} is {v!r}, not an integer "
+                "(leave the field empty for a missing value)"
+            ) from None
     row_c = []
     for j in range(NUM_CAT):
         v = fields[1 + NUM_INT + j]
@@ -135,8 +142,10 @@ def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[
         except ValueError:
             c = -1
         if not 0 <= c < 2**32:
-            raise TsvFormatError(f"{path}:{lineno}: categorical feature C{j + 1} is {v!r}, not a 32-bit "
-                                 "hex value (leave the field empty for a missing value)")
+            raise TsvFormatError(
+                f"{path}:{lineno}: categorical feature C{j + 1} is {v!r}, not a 32-bit "
+                "hex value (leave the field empty for a missing value)"
+            )
         row_c.append(c)
     return (1 if lab == "1" else 0), row_i, row_c
 

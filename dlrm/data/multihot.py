@@ -36,8 +36,14 @@ def table_path(out_dir: str, t: int) -> str:
     return os.path.join(out_dir, f"table_{t:02d}.npy")
 
 
-def build_tables(table_rows: Sequence[int], sizes: Sequence[int], seed: int = 0, out_dir: Optional[str] = None,
-                 chunk_rows: int = CHUNK_ROWS, progress: bool = False) -> List[Optional[np.ndarray]]:
+def build_tables(
+    table_rows: Sequence[int],
+    sizes: Sequence[int],
+    seed: int = 0,
+    out_dir: Optional[str] = None,
+    chunk_rows: int = CHUNK_ROWS,
+    progress: bool = False,
+) -> List[Optional[np.ndarray]]:
     """The MLPerf expansion tables, int32 ``[rows_t, m_t]`` per table (None where ``m_t == 1``).
 
     Args:
@@ -60,20 +66,27 @@ def build_tables(table_rows: Sequence[int], sizes: Sequence[int], seed: int = 0,
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=sum(r for r, m in zip(table_rows, sizes) if m > 1), unit="row", unit_scale=True,
-                   desc="multi-hot tables")
+        bar = tqdm(
+            total=sum(r for r, m in zip(table_rows, sizes) if m > 1),
+            unit="row",
+            unit_scale=True,
+            desc="multi-hot tables",
+        )
     for t, (rows, m) in enumerate(zip(table_rows, sizes)):
         rows, m = int(rows), int(m)
         if rows >= 2**31:
-            raise ValueError(f"table {t} has {rows} rows; multi-hot ids are int32 (MLPerf reference), so tables "
-                             "need fewer than 2**31 rows")
+            raise ValueError(
+                f"table {t} has {rows} rows; multi-hot ids are int32 (MLPerf reference), so tables "
+                "need fewer than 2**31 rows"
+            )
         if m == 1:
             rng.randint(0, rows, size=(rows, 0))  # the reference draws an empty array here; keep the call
             tables.append(None)
             continue
         if out_dir:
-            tab = np.lib.format.open_memmap(table_path(out_dir, t) + ".partial", mode="w+", dtype=np.int32,
-                                            shape=(rows, m))
+            tab = np.lib.format.open_memmap(
+                table_path(out_dir, t) + ".partial", mode="w+", dtype=np.int32, shape=(rows, m)
+            )
         else:
             tab = np.empty((rows, m), dtype=np.int32)
         for lo in range(0, rows, chunk_rows):
@@ -92,21 +105,32 @@ def build_tables(table_rows: Sequence[int], sizes: Sequence[int], seed: int = 0,
         bar.close()
     if out_dir:
         with open(os.path.join(out_dir, "tables.json"), "w", encoding="utf-8") as f:
-            json.dump({"table_rows": [int(r) for r in table_rows], "sizes": [int(m) for m in sizes],
-                       "seed": int(seed), "distribution": "uniform"}, f)
+            json.dump(
+                {
+                    "table_rows": [int(r) for r in table_rows],
+                    "sizes": [int(m) for m in sizes],
+                    "seed": int(seed),
+                    "distribution": "uniform",
+                },
+                f,
+            )
     return tables
 
 
-def load_tables(out_dir: str, table_rows: Sequence[int], sizes: Sequence[int], seed: int
-                ) -> Optional[List[Optional[np.ndarray]]]:
+def load_tables(
+    out_dir: str, table_rows: Sequence[int], sizes: Sequence[int], seed: int
+) -> Optional[List[Optional[np.ndarray]]]:
     """Memory-map tables written by :func:`build_tables`; None when absent or built for other rows/sizes/seed."""
     meta_path = os.path.join(out_dir, "tables.json")
     if not os.path.isfile(meta_path):
         return None
     with open(meta_path, encoding="utf-8") as f:
         meta = json.load(f)
-    if (meta["table_rows"], meta["sizes"], meta["seed"]) != ([int(r) for r in table_rows], [int(m) for m in sizes],
-                                                             int(seed)):
+    if (meta["table_rows"], meta["sizes"], meta["seed"]) != (
+        [int(r) for r in table_rows],
+        [int(m) for m in sizes],
+        int(seed),
+    ):
         return None
     out: List[Optional[np.ndarray]] = []
     for t, (rows, m) in enumerate(zip(table_rows, sizes)):
@@ -115,14 +139,21 @@ def load_tables(out_dir: str, table_rows: Sequence[int], sizes: Sequence[int], s
             continue
         tab = np.load(table_path(out_dir, t), mmap_mode="r")
         if tab.shape != (rows, m) or tab.dtype != np.int32:
-            raise ValueError(f"{table_path(out_dir, t)}: shape {tab.shape} {tab.dtype}, expected ({rows}, {m}) int32; "
-                             f"delete {out_dir} and rebuild it with `python data/preprocess_criteo.py multihot`")
+            raise ValueError(
+                f"{table_path(out_dir, t)}: shape {tab.shape} {tab.dtype}, expected ({rows}, {m}) int32; "
+                f"delete {out_dir} and rebuild it with `python data/preprocess_criteo.py multihot`"
+            )
         out.append(tab)
     return out
 
 
-def expand_into(tables: Sequence[Optional[np.ndarray]], sizes: Sequence[int], ids: np.ndarray, out: np.ndarray,
-                offsets: Sequence[int]) -> None:
+def expand_into(
+    tables: Sequence[Optional[np.ndarray]],
+    sizes: Sequence[int],
+    ids: np.ndarray,
+    out: np.ndarray,
+    offsets: Sequence[int],
+) -> None:
     """Write the bags of 1-hot ``ids`` into ``out``, feature-major (the KJT values layout).
 
     Args:
@@ -134,7 +165,7 @@ def expand_into(tables: Sequence[Optional[np.ndarray]], sizes: Sequence[int], id
     """
     b = ids.shape[1]
     for t, m in enumerate(sizes):
-        dst = out[offsets[t]:offsets[t] + b * m]
+        dst = out[offsets[t] : offsets[t] + b * m]
         if tables[t] is None:
             dst[:] = ids[t]
         else:

@@ -40,7 +40,7 @@ from dlrm.data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, TsvFormatError, p
 
 KAGGLE_DAYS = 7  # original DLRM: Kaggle train.txt is cut into 7 equal "days"; the last one evaluates
 TRANSFORMS = ("mlperf", "log1p")
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 _HEX = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
@@ -68,7 +68,7 @@ def parse_block(buf: bytes) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray
         return None
     n_lines = seps.size // NUM_FIELDS
     is_nl = a[seps] == 10
-    if int(is_nl.sum()) != n_lines or not is_nl[NUM_FIELDS - 1::NUM_FIELDS].all():
+    if int(is_nl.sum()) != n_lines or not is_nl[NUM_FIELDS - 1 :: NUM_FIELDS].all():
         return None
     ends = seps.reshape(n_lines, NUM_FIELDS)
     starts = np.empty_like(ends)
@@ -83,7 +83,7 @@ def parse_block(buf: bytes) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray
         return None
     last = a.size - 1
     # integers: optional '-', then up to 18 decimal digits (Horner over the digit position)
-    s, ln = starts[:, 1:1 + NUM_INT], lens[:, 1:1 + NUM_INT]
+    s, ln = starts[:, 1 : 1 + NUM_INT], lens[:, 1 : 1 + NUM_INT]
     neg = (ln > 0) & (a[np.minimum(s, last)] == 45)
     ds, dl = s + neg, ln - neg
     if (neg & (dl == 0)).any() or dl.max() > 18:
@@ -99,7 +99,7 @@ def parse_block(buf: bytes) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray
     if ints.min() < INT32_MIN or ints.max() > INT32_MAX:
         return None
     # categories: up to 8 hex digits
-    s, ln = starts[:, 1 + NUM_INT:], lens[:, 1 + NUM_INT:]
+    s, ln = starts[:, 1 + NUM_INT :], lens[:, 1 + NUM_INT :]
     if ln.max() > 8:
         return None
     cats = np.zeros(s.shape, dtype=np.int64)
@@ -112,8 +112,9 @@ def parse_block(buf: bytes) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray
     return lab.astype(np.int32) - 48, ints.astype(np.int32), cats
 
 
-def parse_block_slow(buf: bytes, path: str, first_line: int, state: Dict[str, int]
-                     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def parse_block_slow(
+    buf: bytes, path: str, first_line: int, state: Dict[str, int]
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Line-by-line parse of a block with :func:`dlrm.data.criteo_tsv.parse_line` (the ``criteo_tsv`` rules,
     blank lines allowed only at the end of the file), plus the int32 range of the stored dense counts.
 
@@ -126,24 +127,33 @@ def parse_block_slow(buf: bytes, path: str, first_line: int, state: Dict[str, in
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as e:
-            raise TsvFormatError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is "
-                                 "corrupt or not a Criteo TSV") from None
+            raise TsvFormatError(
+                f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is "
+                "corrupt or not a Criteo TSV"
+            ) from None
         if not line:
             state["blank_at"] = state.get("blank_at") or lineno
             continue
         if state.get("blank_at"):
-            raise TsvFormatError(f"{path}:{state['blank_at']}: blank line before more rows; every line needs "
-                                 f"{NUM_FIELDS} tab-separated fields (label, I1..I13, C1..C26): delete it")
+            raise TsvFormatError(
+                f"{path}:{state['blank_at']}: blank line before more rows; every line needs "
+                f"{NUM_FIELDS} tab-separated fields (label, I1..I13, C1..C26): delete it"
+            )
         lab, row_i, row_c = parse_line(line, path, lineno)
         for j, x in enumerate(row_i):
             if not INT32_MIN <= x <= INT32_MAX:
-                raise TsvFormatError(f"{path}:{lineno}: integer feature I{j + 1} is {x}, outside the int32 range "
-                                     "the binary format stores dense counts in")
+                raise TsvFormatError(
+                    f"{path}:{lineno}: integer feature I{j + 1} is {x}, outside the int32 range "
+                    "the binary format stores dense counts in"
+                )
         labels.append(lab)
         ints.append(row_i)
         cats.append(row_c)
-    return (np.asarray(labels, dtype=np.int32), np.asarray(ints, dtype=np.int32).reshape(-1, NUM_INT),
-            np.asarray(cats, dtype=np.int64).reshape(-1, NUM_CAT))
+    return (
+        np.asarray(labels, dtype=np.int32),
+        np.asarray(ints, dtype=np.int32).reshape(-1, NUM_INT),
+        np.asarray(cats, dtype=np.int64).reshape(-1, NUM_CAT),
+    )
 
 
 def _open(path: str) -> Tuple[Any, Any, bool]:
@@ -153,8 +163,9 @@ def _open(path: str) -> Tuple[Any, Any, bool]:
     return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw), gz
 
 
-def iter_blocks(path: str, start_byte: int = 0, start_line: int = 1, max_lines: Optional[int] = None,
-                block_bytes: int = 8 << 20) -> Iterator[Tuple[int, bytes, int]]:
+def iter_blocks(
+    path: str, start_byte: int = 0, start_line: int = 1, max_lines: Optional[int] = None, block_bytes: int = 8 << 20
+) -> Iterator[Tuple[int, bytes, int]]:
     """Yield ``(first_line, data, compressed_bytes_read)`` with ``data`` whole lines ending in ``'\\n'``.
 
     Starts at line ``start_line`` (at ``start_byte`` for plain files; gzip streams are decompressed and the
@@ -177,8 +188,8 @@ def iter_blocks(path: str, start_byte: int = 0, start_line: int = 1, max_lines: 
             except (EOFError, OSError, zlib.error) as e:
                 whole = lineno - 1 + skip + carry.count(b"\n")
                 raise PreprocessError(
-                    f"{path}: truncated or corrupt gzip stream after line {whole} "
-                    f"({e}); download the file again") from None
+                    f"{path}: truncated or corrupt gzip stream after line {whole} ({e}); download the file again"
+                ) from None
             if not chunk:
                 eof = True
                 data, carry = (carry + b"\n" if carry else b""), b""
@@ -193,11 +204,11 @@ def iter_blocks(path: str, start_byte: int = 0, start_line: int = 1, max_lines: 
                 if nl.size <= skip:
                     skip -= nl.size
                     continue
-                data, skip = data[nl[skip - 1] + 1:], 0
+                data, skip = data[nl[skip - 1] + 1 :], 0
             if left is not None:
                 nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
                 if nl.size > left:
-                    data = data[:nl[left - 1] + 1]
+                    data = data[: nl[left - 1] + 1]
                 left -= min(left, nl.size)
             yield lineno, data, raw.tell()
             lineno += data.count(b"\n")
@@ -269,8 +280,9 @@ def parse_day(job: Dict[str, Any]) -> Dict[str, Any]:
     w_labels = B.NpyWriter(B.day_file(root, day, "labels"), np.int32, 1)
     state: Dict[str, int] = {}
     dense_min, positives, done_bytes = 0, 0, 0
-    for first, data, pos in iter_blocks(job["path"], job["start_byte"], job["start_line"], job["max_lines"],
-                                        job["block_bytes"]):
+    for first, data, pos in iter_blocks(
+        job["path"], job["start_byte"], job["start_line"], job["max_lines"], job["block_bytes"]
+    ):
         parsed = None if state.get("blank_at") else parse_block(data)
         if parsed is None:
             parsed = parse_block_slow(data, job["path"], first, state)
@@ -287,13 +299,21 @@ def parse_day(job: Dict[str, Any]) -> Dict[str, Any]:
     w_sparse.close()
     w_labels.close()
     if n == 0:
-        raise TsvFormatError(f"{job['path']}: no rows for day {day}; expected lines of {NUM_FIELDS} tab-separated "
-                             "fields")
+        raise TsvFormatError(
+            f"{job['path']}: no rows for day {day}; expected lines of {NUM_FIELDS} tab-separated fields"
+        )
     if job["max_lines"] is not None and n < job["max_lines"] and not state.get("blank_at"):
-        raise PreprocessError(f"{job['path']}: day {day} should have {job['max_lines']} rows from line "
-                              f"{job['start_line']}, the file ended after {n}; the file changed since it was counted")
-    rec = dict(job["expect"], rows=n, positives=positives, dense_min=dense_min,
-               files=_finish(root, day, ("dense_raw", "sparse", "labels")))
+        raise PreprocessError(
+            f"{job['path']}: day {day} should have {job['max_lines']} rows from line "
+            f"{job['start_line']}, the file ended after {n}; the file changed since it was counted"
+        )
+    rec = dict(
+        job["expect"],
+        rows=n,
+        positives=positives,
+        dense_min=dense_min,
+        files=_finish(root, day, ("dense_raw", "sparse", "labels")),
+    )
     _write_marker(root, day, "parse", rec)
     return rec
 
@@ -324,14 +344,15 @@ def dense_day(job: Dict[str, Any]) -> Dict[str, Any]:
     w = B.NpyWriter(B.day_file(root, day, "dense"), np.float32, NUM_INT)
     m = job["expect"]["dense_min"]
     for lo in range(0, raw.shape[0], 1 << 20):
-        chunk = np.asarray(raw[lo:lo + (1 << 20)])
+        chunk = np.asarray(raw[lo : lo + (1 << 20)])
         if m is not None and chunk.min() < m:
             r, c = (int(x[0]) for x in np.nonzero(chunk < m))
             w.f.close()
             raise PreprocessError(
                 f"{job['source']}:{job['start_line'] + lo + r}: integer feature I{c + 1} is {int(chunk[r, c])}, below "
                 f"m = {m} (the training days' minimum) of the mlperf transform log(x - m + 2); pass --dense-min "
-                f"{int(chunk[r, c])} (or lower) to fix m for all days, or use --dense-transform log1p")
+                f"{int(chunk[r, c])} (or lower) to fix m for all days, or use --dense-transform log1p"
+            )
         w.append(transform_dense(chunk, job["expect"]["transform"], m))
     w.close()
     del raw
@@ -356,12 +377,13 @@ def multihot_day(job: Dict[str, Any]) -> Dict[str, Any]:
     chunk = 1 << 18
     for t, m in enumerate(sizes):
         for lo in range(0, sparse.shape[0], chunk):
-            ids = np.ascontiguousarray(sparse[lo:lo + chunk, t])
+            ids = np.ascontiguousarray(sparse[lo : lo + chunk, t])
             if ids.size and (ids.min() < 0 or ids.max() >= rows[t]):
                 bad = int(np.flatnonzero((ids < 0) | (ids >= rows[t]))[0])
                 raise B.BinaryFormatError(
                     f"{B.day_file(root, day, 'sparse')}: row {lo + bad} (0-based), feature C{t + 1}: id "
-                    f"{int(ids[bad])} is outside table {t}'s {rows[t]} rows; re-run the parse pass for day {day}")
+                    f"{int(ids[bad])} is outside table {t}'s {rows[t]} rows; re-run the parse pass for day {day}"
+                )
             w.append(ids if tables[t] is None else np.take(tables[t], ids, axis=0).reshape(-1))
     w.close()
     rec = dict(job["expect"], files=_finish(root, day, ("sparse_multi_hot",)))
@@ -369,13 +391,23 @@ def multihot_day(job: Dict[str, Any]) -> Dict[str, Any]:
     return rec
 
 
-def _run_jobs(fn: Callable[[Dict[str, Any]], Dict[str, Any]], jobs: List[Dict[str, Any]], workers: int,
-              desc: str, total_bytes: Optional[int] = None) -> List[Dict[str, Any]]:
+def _run_jobs(
+    fn: Callable[[Dict[str, Any]], Dict[str, Any]],
+    jobs: List[Dict[str, Any]],
+    workers: int,
+    desc: str,
+    total_bytes: Optional[int] = None,
+) -> List[Dict[str, Any]]:
     """Run ``fn`` over ``jobs`` in ``workers`` processes with a tqdm bar (bytes read, or days done)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=total_bytes if total_bytes is not None else len(jobs), desc=desc,
-               unit="B" if total_bytes is not None else "day", unit_scale=total_bytes is not None, smoothing=0.05)
+    bar = tqdm(
+        total=total_bytes if total_bytes is not None else len(jobs),
+        desc=desc,
+        unit="B" if total_bytes is not None else "day",
+        unit_scale=total_bytes is not None,
+        smoothing=0.05,
+    )
     results: Dict[int, Dict[str, Any]] = {}
     ctx = mp.get_context("fork")
     q = ctx.Queue() if total_bytes is not None else None
@@ -398,8 +430,9 @@ def _run_jobs(fn: Callable[[Dict[str, Any]], Dict[str, Any]], jobs: List[Dict[st
         finally:
             _init_worker(None)
     else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
-                                 initargs=(q,)) as ex:
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker, initargs=(q,)
+        ) as ex:
             futs = {ex.submit(fn, job): i for i, job in enumerate(jobs)}
             pending = set(futs)
             while pending:
@@ -455,9 +488,19 @@ def line_offsets(path: str, lines: Sequence[int], block_bytes: int = 8 << 20) ->
     return [out.get(ln, pos) for ln in lines]
 
 
-def preprocess(*, out: str, layout: str, inputs: Sequence[str], days: Sequence[int], table_rows: Sequence[int],
-               transform: str, workers: int, block_bytes: int = 8 << 20, keep_raw: bool = False,
-               dense_min: Optional[int] = None) -> Dict[str, Any]:
+def preprocess(
+    *,
+    out: str,
+    layout: str,
+    inputs: Sequence[str],
+    days: Sequence[int],
+    table_rows: Sequence[int],
+    transform: str,
+    workers: int,
+    block_bytes: int = 8 << 20,
+    keep_raw: bool = False,
+    dense_min: Optional[int] = None,
+) -> Dict[str, Any]:
     """Run the passes; returns the written ``meta.json`` content.
 
     Args:
@@ -486,16 +529,25 @@ def preprocess(*, out: str, layout: str, inputs: Sequence[str], days: Sequence[i
         offs = [0] * KAGGLE_DAYS if gz else line_offsets(path, [b + 1 for b in bounds[:-1]], block_bytes)
         days = list(range(KAGGLE_DAYS))
         for k in days:
-            jobs.append(dict(path=path, day=k, start_byte=offs[k], start_line=bounds[k] + 1,
-                             max_lines=bounds[k + 1] - bounds[k],
-                             progress_bytes=(offs[k + 1] if k + 1 < KAGGLE_DAYS else st.st_size) - offs[k]
-                             if not gz else st.st_size // KAGGLE_DAYS))
+            jobs.append(
+                dict(
+                    path=path,
+                    day=k,
+                    start_byte=offs[k],
+                    start_line=bounds[k] + 1,
+                    max_lines=bounds[k + 1] - bounds[k],
+                    progress_bytes=(offs[k + 1] if k + 1 < KAGGLE_DAYS else st.st_size) - offs[k]
+                    if not gz
+                    else st.st_size // KAGGLE_DAYS,
+                )
+            )
     elif layout == "terabyte":
         if len(inputs) != len(days):
             raise PreprocessError(f"{len(inputs)} input files for {len(days)} days")
         for d, path in zip(days, inputs):
-            jobs.append(dict(path=path, day=d, start_byte=0, start_line=1, max_lines=None,
-                             progress_bytes=os.path.getsize(path)))
+            jobs.append(
+                dict(path=path, day=d, start_byte=0, start_line=1, max_lines=None, progress_bytes=os.path.getsize(path))
+            )
     else:
         raise PreprocessError(f"--layout {layout!r}: choose terabyte or kaggle")
     if len(jobs) < 2:
@@ -503,33 +555,59 @@ def preprocess(*, out: str, layout: str, inputs: Sequence[str], days: Sequence[i
     full = []
     for j in jobs:
         st = os.stat(j["path"])
-        expect = dict(version=B.VERSION, path=os.path.abspath(j["path"]), size=st.st_size, mtime_ns=st.st_mtime_ns,
-                      start_line=j["start_line"], max_lines=j["max_lines"], table_rows=[int(r) for r in table_rows],
-                      progress_bytes=j["progress_bytes"])
+        expect = dict(
+            version=B.VERSION,
+            path=os.path.abspath(j["path"]),
+            size=st.st_size,
+            mtime_ns=st.st_mtime_ns,
+            start_line=j["start_line"],
+            max_lines=j["max_lines"],
+            table_rows=[int(r) for r in table_rows],
+            progress_bytes=j["progress_bytes"],
+        )
         full.append(dict(j, root=out, table_rows=list(table_rows), block_bytes=block_bytes, expect=expect))
     parsed = _run_jobs(parse_day, full, workers, "parse", total_bytes=sum(j["progress_bytes"] for j in jobs))
     train = parsed[:-1]
     m = dense_min if dense_min is not None else min(r["dense_min"] for r in train)
     m_src = "given" if dense_min is not None else f"days {jobs[0]['day']}-{jobs[-2]['day']} (training)"
-    djobs = [dict(root=out, day=j["day"], rows=r["rows"], keep_raw=keep_raw, source=j["path"],
-                  start_line=j["start_line"], parse_job=fj,
-                  expect=dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]))
-             for j, r, fj in zip(jobs, parsed, full)]
+    djobs = [
+        dict(
+            root=out,
+            day=j["day"],
+            rows=r["rows"],
+            keep_raw=keep_raw,
+            source=j["path"],
+            start_line=j["start_line"],
+            parse_job=fj,
+            expect=dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]),
+        )
+        for j, r, fj in zip(jobs, parsed, full)
+    ]
     dense = _run_jobs(dense_day, djobs, workers, "dense")
     meta = {
-        "format": B.FORMAT, "version": B.VERSION, "layout": layout,
+        "format": B.FORMAT,
+        "version": B.VERSION,
+        "layout": layout,
         "table_rows": [int(r) for r in table_rows],
         "dense_transform": transform,
-        "dense_transform_formula": "log(x - m + 2), missing x = 0" if transform == "mlperf"
+        "dense_transform_formula": "log(x - m + 2), missing x = 0"
+        if transform == "mlperf"
         else "log(max(x, 0) + 1), missing x = 0",
         "dense_min": m if transform == "mlperf" else None,
         "dense_min_source": m_src if transform == "mlperf" else None,
         "train_dense_min": min(r["dense_min"] for r in train),
         "splits": "train = all days but the last; val = first ceil(N/2) rows of the last day; test = the rest",
-        "days": [{"day": j["day"], "rows": r["rows"], "positives": r["positives"], "dense_min": r["dense_min"],
-                  "source": {"path": r["path"], "first_line": r["start_line"]},
-                  "files": {k: v for k, v in {**r["files"], **dd["files"]}.items() if "dense_raw" not in k or keep_raw}}
-                 for j, r, dd in zip(jobs, parsed, dense)],
+        "days": [
+            {
+                "day": j["day"],
+                "rows": r["rows"],
+                "positives": r["positives"],
+                "dense_min": r["dense_min"],
+                "source": {"path": r["path"], "first_line": r["start_line"]},
+                "files": {k: v for k, v in {**r["files"], **dd["files"]}.items() if "dense_raw" not in k or keep_raw},
+            }
+            for j, r, dd in zip(jobs, parsed, dense)
+        ],
         "multi_hot": None,
     }
     old = os.path.join(out, B.META)
@@ -554,16 +632,28 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
         mh_mod.build_tables(rows, sizes, seed, out_dir=tdir, progress=True)
     mat = None
     if materialize:
-        jobs = [dict(root=out, day=d["day"], rows=d["rows"], table_rows=rows,
-                     expect=dict(sizes=list(sizes), seed=seed, sparse_sha=d["files"][f"day_{d['day']}_sparse.npy"]))
-                for d in meta["days"]]
+        jobs = [
+            dict(
+                root=out,
+                day=d["day"],
+                rows=d["rows"],
+                table_rows=rows,
+                expect=dict(sizes=list(sizes), seed=seed, sparse_sha=d["files"][f"day_{d['day']}_sparse.npy"]),
+            )
+            for d in meta["days"]
+        ]
         mat = _run_jobs(multihot_day, jobs, workers, "multi-hot")
     for i, d in enumerate(meta["days"]):
         d["files"] = {k: v for k, v in d["files"].items() if "multi_hot" not in k}
         if mat:
             d["files"].update(mat[i]["files"])
-    meta["multi_hot"] = {"sizes": list(sizes), "seed": seed, "distribution": "uniform", "tables": True,
-                         "materialized": materialize}
+    meta["multi_hot"] = {
+        "sizes": list(sizes),
+        "seed": seed,
+        "distribution": "uniform",
+        "tables": True,
+        "materialized": materialize,
+    }
     B.write_meta(out, meta)
     return meta
 
