@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine with Python 3.11:
 #   make train   creates .venv (pinned CPU stack) when missing, then trains on the embedded default
-#   make test    same set-up, then runs the test suite (what .ci/run calls)
+#   make test    same set-up, then the linter, the format check and the test suite (what .ci/run calls)
 # Extra arguments: make train ARGS="model=dlrm_v2 trainer.max_steps=100"   make test PYTEST_ARGS="-k tsv"
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -31,6 +31,8 @@ train: venv
 	$(PY) train.py $(ARGS)
 
 test: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

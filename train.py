@@ -1,7 +1,7 @@
 """DLRM-v2 training entry point (Hydra).
 
     python train.py                                            # synthetic MLPerf-shaped data, small model, CPU ok
-    python train.py experiment=criteo_sample data.train_path=../shared/data/criteo/kaggle_train_head10k.tsv
+    python train.py experiment=criteo_sample data.train_path=/path/to/train_head10k.tsv
     torchrun --nproc_per_node 2 train.py trainer.max_steps=100
     torchx run -s local_cwd dist.ddp -j 1x2 --script train.py -- trainer.max_steps=100
     torchx run -s local_cwd launch/components.py:trainer -j 1x2 -- trainer.max_steps=100

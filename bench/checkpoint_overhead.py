@@ -1,15 +1,15 @@
 """Training speed with and without periodic checkpoints (async and synchronous), 1 process (or torchrun)::
 
-    .venv/bin/python bench/checkpoint_overhead.py [--steps 200] [--every 50] [--modes none,async,sync] [overrides ...]
+    .venv/bin/python -m bench.checkpoint_overhead [--steps 200] [--every 50] [--modes none,async,sync] [overrides ...]
     # GPU, DLRM-v2 tables capped at 4 M rows (12.4 GB of weights):
-    python bench/checkpoint_overhead.py --steps 120 --every 40 device=cuda model=dlrm_v2 model.row_cap=4000000 \\
+    python -m bench.checkpoint_overhead --steps 120 --every 40 device=cuda model=dlrm_v2 model.row_cap=4000000 \\
         data.multi_hot=false data.batch_size=8192 data.num_train_samples=1048576 data.num_val_samples=8192
 
 Runs the same training once per mode in this process (``none``: no checkpoints; ``async``:
 ``checkpoint.async_save=true`` every ``--every`` steps; ``sync``: ``async_save=false`` every ``--every`` steps)
 and prints samples/s of the whole fit loop, saves included (the last async save is waited for), and the mean
-time the training loop spent inside ``Checkpointer.save`` per save (async: staging; the first save of a run
-also allocates and pins the host buffers). Results go in docs/benchmarks.md with the hardware they were
+time the training loop spent in each save (``Checkpointer.save_seconds``; async: staging; the first save of a run
+also allocates and pins the host buffers). Results go in docs/performance.md with the hardware they were
 measured on.
 """
 
@@ -18,19 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from typing import List, Tuple
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-
 
 def run(steps: int, every: int, async_save: bool, extra: list) -> Tuple[float, List[float]]:
     """Returns (samples/s, seconds spent in each Checkpointer.save call)."""
-    from dlrm.checkpoint import Checkpointer
     from dlrm.config import compose
     from dlrm.trainer import Trainer
 
@@ -51,27 +47,13 @@ def run(steps: int, every: int, async_save: bool, extra: list) -> Tuple[float, L
         )
         t = Trainer(cfg, d)
         t.setup()
-        saves: List[float] = []
-        orig = Checkpointer.save
-
-        def timed(self, *a, **k):  # type: ignore[no-untyped-def]
-            t0 = time.perf_counter()
-            try:
-                return orig(self, *a, **k)
-            finally:
-                saves.append(time.perf_counter() - t0)
-
-        Checkpointer.save = timed  # type: ignore[method-assign]
-        try:
-            t0 = time.perf_counter()
-            t.fit()
-            t.close()  # includes waiting for the last async save
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-        finally:
-            Checkpointer.save = orig  # type: ignore[method-assign]
-        return steps * t.global_batch / dt, saves
+        t0 = time.perf_counter()
+        t.fit()
+        t.close()  # includes waiting for the last async save
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        return steps * t.global_batch / dt, list(t.ckpt.save_seconds)
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Loader throughput of ``data=criteo_binary``: samples/s per process, 1-hot, materialized multi-hot and
 on-the-fly multi-hot (MLPerf sizes, 214 ids per sample), on a generated dataset in the binary format.
 
-    python bench/loader.py --rows 10000000 --dir /tmp/dlrm_bench_loader
+    python -m bench.loader --rows 10000000 --dir /tmp/dlrm_bench_loader
 
 The dataset (``--rows`` training rows in two days plus a small evaluation day, uniform ids over the MLPerf
 tables capped at ``--row-cap`` rows, materialized multi-hot and expansion tables) is generated once under
@@ -18,18 +18,15 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS  # noqa: E402
-from dlrm.data import binary as B  # noqa: E402
-from dlrm.data import preprocess as P  # noqa: E402
-from dlrm.data.__init__ import train_plan  # noqa: E402
-from dlrm.model import FEATURE_NAMES  # noqa: E402
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
+from dlrm.data import binary as B
+from dlrm.data import preprocess as P
+from dlrm.data.__init__ import train_plan
+from dlrm.model import FEATURE_NAMES
 
 
 def generate(root: str, rows: int, row_cap: int) -> None:

@@ -1,4 +1,4 @@
-"""A/B benchmark of the pipelined trainer: dedicated input-dist group, host offload, all-to-all under offload traffic.
+"""A/B benchmark of the pipelined stack: dedicated input-dist group, host offload, all-to-all under offload traffic.
 
 Per configuration it runs ``--repeats`` (>= 5) timed repeats of ``--steps`` (>= 200) steps, alternating the
 configurations of a suite repeat by repeat (ABBA order, so slow drift cancels), and reports the median, min, max
@@ -11,8 +11,8 @@ The TorchRec pipelines run the input dist and the ``fused_uvm_caching`` prefetch
 
 Suites (``--suite``, several allowed):
   input_group  shared vs dedicated input-dist group (``dlrm/comms.py``), per sharding type (``--sharding-types``,
-               default table_wise row_wise) and per-GPU batch (``--batch-sizes``, default 8192 32768); the same
-               model toggles its group between repeats, so A and B share memory layout and data.
+               default table_wise row_wise) and per-GPU batch (``--batch-sizes``, default 8192 32768); the two
+               models of one sharding type and batch are alive together and alternate repeat by repeat.
   offload      all tables in HBM (``fused``) vs ``fused_uvm_caching`` at each ``--load-factors`` (0.05 0.2), for
                each ``--sparse-opts`` (rowwise_adagrad, adagrad), trained with the prefetch pipeline;
                ``--full-cardinality`` uses the MLPerf table sizes (204 M rows; configurations then run one after
@@ -23,18 +23,18 @@ Suites (``--suite``, several allowed):
 Every model suite also runs ``stock``: plain TorchRec (DMP with default sharders and free planner choice,
 ``TrainPipelineSparseDist``, tables capped at 4 M rows, fp32, row-wise Adagrad), for comparison in the same run.
 
-Commands (the lead's runs; results go to ``--out``: ``pipeline_ab.json`` and ``pipeline_ab.md``)::
+Commands, from the repository root (results go to ``--out``: ``pipeline_ab.json`` and ``pipeline_ab.md``)::
 
     # 2x H200: shared vs dedicated; all-to-all with and without offload traffic
-    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --suite input_group a2a
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 -m bench.pipeline_ab --suite input_group a2a
     # 1x H200: full MLPerf cardinalities, row-wise Adagrad, HBM vs uvm_caching 0.05 / 0.2
-    torchrun --standalone --nproc_per_node 1 bench/pipeline_ab.py --suite offload --full-cardinality \\
+    torchrun --standalone --nproc_per_node 1 -m bench.pipeline_ab --suite offload --full-cardinality \\
         --sparse-opts rowwise_adagrad
     # 2x H200: full cardinalities, element-wise Adagrad (MLPerf rule)
-    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --suite offload \\
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 -m bench.pipeline_ab --suite offload \\
         --full-cardinality --sparse-opts adagrad --load-factors 0.2 --profile-kernels
     # CPU smoke test (gloo, tiny sizes): the same code paths, numbers meaningless
-    .venv/bin/torchrun --standalone --nproc_per_node 2 bench/pipeline_ab.py --smoke --out /tmp/ab
+    .venv/bin/torchrun --standalone --nproc_per_node 2 -m bench.pipeline_ab --smoke --out /tmp/ab
 """
 
 from __future__ import annotations
@@ -51,44 +51,40 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torchrec.datasets.utils import Batch
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from torchrec.datasets.utils import Batch  # noqa: E402
-from torchrec.distributed import DistributedModelParallel  # noqa: E402
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology  # noqa: E402
-from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation  # noqa: E402
-from torchrec.distributed.sharding_plan import get_default_sharders  # noqa: E402
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa: E402
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper  # noqa: E402
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
-
-from dlrm.comms import input_dist_group, use_group_for_input_dist  # noqa: E402
 from dlrm.config import (
     MLPERF_MULTI_HOT_SIZES,
     MLPERF_NUM_EMBEDDINGS,
     ModelConfig,
-    OffloadConfig,  # noqa: E402
+    OffloadConfig,
     OptimizerConfig,
     PipelineConfig,
 )
-from dlrm.model import FEATURE_NAMES, build_model, table_configs  # noqa: E402
-from dlrm.offload import offload_constraints  # noqa: E402
-from dlrm.pipeline import build_pipeline  # noqa: E402
-from dlrm.sharding import dense_params, fuse_embedding_optimizer  # noqa: E402
+from dlrm.model import FEATURE_NAMES, build_model, table_configs
+from dlrm.offload import offload_constraints
+from dlrm.pipeline import build_pipeline
+from dlrm.sharding import dense_params, fuse_embedding_optimizer
 
-STOCK_ROW_CAP = 4_000_000  # the stock-TorchRec baseline's cap (../shared/perf/baseline.md)
+STOCK_ROW_CAP = 4_000_000  # the stock-TorchRec baseline's table cap (docs/performance.md)
 
 
 @dataclass
 class Spec:
-    """One model to build; ``variants`` are the input-dist groups it is timed with."""
+    """One model to build and time."""
 
     name: str
     batch: int
@@ -97,7 +93,7 @@ class Spec:
     load_factor: Optional[float] = None
     sparse_opt: str = "rowwise_adagrad"
     stock: bool = False
-    variants: List[str] = field(default_factory=lambda: ["shared"])
+    input_dist_group: str = "shared"  # pipeline.input_dist_group
 
 
 class CpuEBCSharder(EmbeddingBagCollectionSharder):
@@ -236,9 +232,7 @@ class Runner:
             self.pipe = TrainPipelineSparseDist(self.model, self.opt, device)
         else:
             name = "prefetch" if spec.offload == "uvm_caching" else "sparse_dist"
-            self.pipe = build_pipeline(self.model, self.opt, device, PipelineConfig(name, "shared"))
-            if "dedicated" in spec.variants:  # hook before the first batch builds the input dists
-                use_group_for_input_dist(self.model, dist.group.WORLD)
+            self.pipe = build_pipeline(self.model, self.opt, device, PipelineConfig(name, spec.input_dist_group))
         self.pool = make_batches(
             mc,
             spec.batch,
@@ -248,12 +242,6 @@ class Runner:
             seed=1000 + dist.get_rank(),
             ids_dtype=IDS_DTYPES[getattr(args, "ids_dtype", "int64")],
         )
-
-    def set_variant(self, variant: str) -> None:
-        if variant == "dedicated":
-            use_group_for_input_dist(self.model, input_dist_group(), replace=True)
-        elif "dedicated" in self.spec.variants:
-            use_group_for_input_dist(self.model, dist.group.WORLD, replace=True)
 
     def after_step(self, out: Any) -> None:
         """Per-step work timed with each pipeline step: none here (``bench/throughput.py``'s trainer runner adds
@@ -569,49 +557,45 @@ def abba(units: List[Any], r: int) -> List[Any]:
 
 
 def run_specs(
-    specs: List[Spec], args: argparse.Namespace, device: torch.device, world: int, keep_alive: bool
+    groups: List[List[Spec]], args: argparse.Namespace, device: torch.device, world: int
 ) -> List[Dict[str, Any]]:
-    """Alternate every (spec, variant) repeat by repeat (ABBA) with all models alive, or, when they cannot all
-    fit (``keep_alive`` false), time each model's repeats in a block and free it before the next."""
-    times: Dict[tuple, List[float]] = {}
-    meta: Dict[tuple, Dict[str, Any]] = {}
-    units = [(s, v) for s in specs for v in s.variants]
-    if keep_alive:
-        runners = {s.name: Runner(s, args, device, world) for s in specs}
+    """Time each group of specs with its models alive together, their repeats alternating (ABBA); a group of one
+    is timed in a block. Groups run one after another, each freed before the next (big models do not all fit)."""
+    rows: List[Dict[str, Any]] = []
+    for group in groups:
+        runners = [Runner(s, args, device, world) for s in group]
+        times: List[List[float]] = [[] for _ in group]
         for r in range(args.repeats):
-            for s, v in abba(units, r):
-                run = runners[s.name]
-                run.set_variant(v)
-                times.setdefault((s.name, v), []).append(run.repeat(args.steps, args.warmup))
-                meta[(s.name, v)] = {"plan": run.plan_kernels, "last_loss": run.last_loss, "order": "alternating"}
-        for run in runners.values():
+            for i in abba(list(range(len(group))), r):
+                times[i].append(runners[i].repeat(args.steps, args.warmup))
+        for s, run, ms in zip(group, runners, times):
+            meta = {
+                "plan": run.plan_kernels,
+                "last_loss": run.last_loss,
+                "order": "alternating" if len(group) > 1 else "blocked",
+            }
+            if args.profile_kernels and device.type == "cuda" and len(group) == 1:
+                meta["gpu_ms_per_step"] = gpu_time_by_category(run)
+            rows.append(summarize(s.name, s, s.input_dist_group, ms, world, s.batch, meta))
+        for run in runners:
             run.close()
-    else:
-        for s in specs:
-            run = Runner(s, args, device, world)
-            for r in range(args.repeats):
-                for v in s.variants if r % 2 == 0 else list(reversed(s.variants)):
-                    run.set_variant(v)
-                    times.setdefault((s.name, v), []).append(run.repeat(args.steps, args.warmup))
-                    meta[(s.name, v)] = {"plan": run.plan_kernels, "last_loss": run.last_loss, "order": "blocked"}
-            if args.profile_kernels and device.type == "cuda":
-                meta[(s.name, s.variants[-1])]["gpu_ms_per_step"] = gpu_time_by_category(run)
-            run.close()
-    return [summarize(s.name, s, v, times[(s.name, v)], world, s.batch, meta[(s.name, v)]) for s, v in units]
+    return rows
 
 
-def input_group_specs(args: argparse.Namespace) -> List[Spec]:
-    specs = [
-        Spec(f"{st}/b{b}", b, sharding=st, variants=["shared", "dedicated"])
+def input_group_specs(args: argparse.Namespace) -> List[List[Spec]]:
+    groups = [
+        [Spec(f"{st}/b{b}", b, sharding=st, input_dist_group=g) for g in ("shared", "dedicated")]
         for st in args.sharding_types
         for b in args.batch_sizes
     ]
     if not args.no_stock:
-        specs += [Spec(f"stock/b{b}", b, stock=True) for b in args.batch_sizes]
-    return specs
+        groups += [[Spec(f"stock/b{b}", b, stock=True)] for b in args.batch_sizes]
+    return groups
 
 
-def offload_specs(args: argparse.Namespace, device: torch.device) -> List[Spec]:
+def offload_specs(args: argparse.Namespace, device: torch.device) -> List[List[Spec]]:
+    """One group of every offload configuration (alternating), or one group each with ``--full-cardinality``
+    (two models of 204 M rows do not fit at once)."""
     b = args.offload_batch
     specs = []
     for opt in args.sparse_opts:
@@ -623,7 +607,7 @@ def offload_specs(args: argparse.Namespace, device: torch.device) -> List[Spec]:
             ]
     if not args.no_stock:
         specs.append(Spec(f"stock/b{b}", b, stock=True))
-    return specs
+    return [[s] for s in specs] if args.full_cardinality else [specs]
 
 
 def a2a_bench(args: argparse.Namespace, device: torch.device, world: int) -> List[Dict[str, Any]]:
@@ -783,10 +767,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     }
     rows: List[Dict[str, Any]] = []
     if "input_group" in args.suite:
-        input_dist_group()  # created once at start-up, on every rank
-        rows += run_specs(input_group_specs(args), args, device, world, keep_alive=True)
+        rows += run_specs(input_group_specs(args), args, device, world)
     if "offload" in args.suite:
-        rows += run_specs(offload_specs(args, device), args, device, world, keep_alive=not args.full_cardinality)
+        rows += run_specs(offload_specs(args, device), args, device, world)
     if "a2a" in args.suite:
         rows += a2a_bench(args, device, world)
     if rank == 0:

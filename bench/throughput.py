@@ -1,12 +1,14 @@
 """Steady-state training speed of the trainer (each ``perf.*`` lever alone and combined) against stock TorchRec,
-in the same process and on the same batches (issue 9).
+in the same process and on the same batches. Run from the repository root::
 
     # 1x H200 (the MLPerf DLRM-v2 model, tables capped at 4 M rows like the stock baseline)
-    torchrun --standalone --nproc_per_node 1 bench/throughput.py --batch-sizes 8192 32768
+    torchrun --standalone --nproc_per_node 1 -m bench.throughput --batch-sizes 32768 --sharding table_wise \
+        --variants stock fast
     # 2x H200
-    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/throughput.py --batch-sizes 8192 32768
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 -m bench.throughput --batch-sizes 32768 \
+        --sharding table_wise --variants stock fast fast_balanced_plan
     # CPU smoke test (gloo, tiny model): the same code paths, numbers meaningless
-    .venv/bin/torchrun --standalone --nproc_per_node 2 bench/throughput.py --smoke --out /tmp/tp
+    .venv/bin/torchrun --standalone --nproc_per_node 2 -m bench.throughput --smoke --out /tmp/tp
 
 What is timed, per variant and per-rank batch size: ``--repeats`` repeats of ``--steps`` steps after ``--warmup``
 untimed steps, a device synchronize and a barrier (a rank still copying must not look like a slow collective);
@@ -15,12 +17,13 @@ MLPerf multi-hot sizes: 214 ids per sample; int64, or int32 with ``--ids-dtype i
 loads them), built once on the device before timing and cycled, the same pool for every variant.
 
 Variants (``--variants``):
-  stock      plain TorchRec, the reference's setup (``bench/pipeline_ab.py``'s stock runner: planner, DMP,
+  stock      plain TorchRec, the MLPerf reference's set-up (``bench/pipeline_ab.py``'s stock runner: planner, DMP,
              ``TrainPipelineSparseDist``, fp32, fused row-wise Adagrad, TF32 on, dense Adagrad).
   others     the trainer's own stack, built by ``dlrm.trainer.build_training`` from the composed config
              ``BASE + LEVERS[name]`` (see ``LEVERS`` below), and timed as ``Trainer.fit`` steps: ``pipeline.progress``,
              the LR scheduler step, and the metric window (one host sync per ``--log-every`` steps, with the
-             windowed train AUC).
+             windowed train AUC). ``HOOKS[name]`` swaps one piece of the build through
+             ``dlrm.trainer.BuildHooks`` (an A/B of a code change, not of a config key).
 Variants are built one after another and freed (two capped models plus compiled graphs would not all fit at
 32768); ``stock`` runs first and again last, so drift over the run shows.
 
@@ -34,32 +37,14 @@ prints where the GPU time goes (``pipeline_ab.gpu_time_by_category``: kernel tim
 backward with the fused optimizer, NCCL all-to-all and all-reduce, matrix products, fused (triton) elementwise,
 other elementwise, copies), the 25 largest kernels, and where the GPU sits idle and why
 (``pipeline_ab.idle_gaps``: waiting for the host, blamed on a blocking call or the launching Python frame, or
-waiting on another stream). A variant that fails (say, a compile mode) is reported as
-failed and the others still run.
+waiting on another stream). A variant that fails is reported as failed and the others still run.
 
-Variants in ``PATCHES`` are A/B checks of a code change: their overrides, built with one piece of the trainer
-swapped (TorchRec's copying ``SparseArch``, outside the compiled step: on several ranks what the trainer did
-before it reordered the pooled embeddings inside the compiled dense step; torch.compile with CUDA graphs, which
-the config refuses for training runs; the dense modules compiled apart, as ``perf.compile`` did before it compiled
-them and the loss as one graph). Each row records what the patch changed (``sparse_arch_forward``,
-``tbe_bounds_check_modes``, ``compiled``).
-
-``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Measured on H200:
-two compiled copies of the model in one process make each slower (16 ms against 13.6 ms/step for ``fast``, the
-host side slowing; not analysed), so compare compiled variants in the default blocked mode, one built at a time.
+``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Two compiled copies of
+the model in one process make each slower, so compare compiled variants in the default blocked mode.
 
 ``--probe host:0.5 gpu:0.5`` times each trainer variant again, on the same built model, with that many ms added
 to every step on the host (a spin after the step is issued) or on the GPU (a spinning kernel on the compute stream):
 a step that grows by the full amount is bound by that side; one that does not grow had that much slack.
-
-``fast_plan_a`` / ``fast_plan_b`` train with the hand-balanced table_wise plans in ``bench/plans/`` (2 ranks, the
-capped MLPerf tables; ``sharding.plan_path``), written from the planner's plan after a trace showed one rank's TBE
-backward 0.73 ms longer (docs/benchmarks.md, eighth session). Under the ninth session's ``fast``, plan a was 0.25-0.43
-ms per step faster than the planner's plan.
-
-Ninth session: ``fast`` includes ``perf.lean_output_dist`` (rank blocks) and ``perf.allreduce_after_output_dist``;
-``fast_eighth`` is the ``fast`` before them, ``fast_lean_regroup`` the lean output dist without rank blocks (a
-patch), ``fast_lean_output_dist`` without the held all-reduce.
 
 Output: ``throughput.json`` and ``throughput.md`` under ``--out`` (default ``bench/results/<timestamp>``).
 """
@@ -69,31 +54,26 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib
 import json
 import os
 import statistics
 import sys
 import time
-import types
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from bench import pipeline_ab as ab
+from dlrm import torchrec_compat as compat
+from dlrm.config import compose, to_config
+from dlrm.dist import DistInfo, init_distributed
+from dlrm.metrics import MetricWindow
+from dlrm.model import DLRMTrain
+from dlrm.trainer import BuildHooks, build_training
 
-import pipeline_ab as ab  # noqa: E402  (the stock runner, batch pool and timing loop)
-
-from dlrm.config import compose, to_config  # noqa: E402
-from dlrm.dist import DistInfo, init_distributed  # noqa: E402
-from dlrm.model import DENSE_MODULES, ZeroCopySparseArch, compile_dense  # noqa: E402
-from dlrm.trainer import _Window, build_training  # noqa: E402
-
-# The MLPerf DLRM-v2 model at the stock baseline's size (../shared/perf/baseline.md: tables capped at 4 M rows,
-# row-wise Adagrad); lr is the MLPerf value for global batch 65,536 (it only sets the magnitude of the updates).
+# The MLPerf DLRM-v2 model at the stock baseline's size (tables capped at 4 M rows, row-wise Adagrad); lr is the
+# MLPerf value for global batch 65,536 (it only sets the magnitude of the updates).
 BASE = [
     "model=dlrm_v2",
     "model.row_cap=4000000",
@@ -102,209 +82,64 @@ BASE = [
     "data.multi_hot=true",
 ]
 SMOKE_BASE = ["model=dlrm_v2_small", "model.row_cap=1000", "optimizer.lr=0.004"]
-
-# perf=fast before the ninth session (no lean output dist, all-reduce not held): the base of the older variants
-EIGHTH = ["perf=fast", "perf.lean_output_dist=false", "perf.allreduce_after_output_dist=false"]
-NO_HOLD = ["perf.allreduce_after_output_dist=false"]  # the held all-reduce is the shared group's fp32 one only
-# perf=fast as the sixth session left it (fp32 DCN stream, the compiled step split at DDP's 25 MiB buckets), and the
-# seventh session's first step from it (bf16 DCN stream, one unsplit graph; perf=fast then added 100 MiB buckets)
-SESSION6 = EIGHTH + ["perf.dcn_residual_dtype=fp32", "perf.compile_ddp_split=true", "perf.ddp_bucket_cap_mb=25"]
-DCN_ONE_GRAPH = EIGHTH + [
-    "perf.dcn_residual_dtype=autocast",
-    "perf.compile_ddp_split=false",
-    "perf.ddp_bucket_cap_mb=25",
-]
+NOT_HELD = ["perf.allreduce_after_output_dist=false"]  # the held all-reduce needs an fp32 all-reduce
+BALANCED_PLAN = "conf/plans/dlrm_v2_cap4m_2gpu_table_wise.json"
 
 LEVERS: Dict[str, List[str]] = {
-    "fp32": ["perf=fp32"],  # the trainer at reference numerics (TF32 matmuls, as stock)
+    # the trainer at reference numerics (TF32 matmuls, as stock), and each lever alone on top of it
+    "fp32": ["perf=fp32"],
     "no_tf32": ["perf=fp32", "perf.tf32=false"],
-    "emb_fp16": ["perf.embedding_dtype=fp16"],
-    "emb_out_bf16": ["perf.embedding_output_dtype=bf16"],
-    "emb_half": ["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=bf16"],
+    "fp16_tables": ["perf.embedding_dtype=fp16"],
+    "bf16_pooled": ["perf.embedding_output_dtype=bf16"],
     "autocast": ["perf.autocast=bf16", "perf.embedding_output_dtype=bf16"],
     "compile": ["perf.compile=true"],
     "autocast_compile": ["perf.autocast=bf16", "perf.embedding_output_dtype=bf16", "perf.compile=true"],
+    # perf=fast, and perf=fast with one of its levers undone or another key on top
     "fast": ["perf=fast"],
-    "fast_session6": SESSION6,
-    "fast_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
-    "fast_adagrad": ["perf=fast", "optimizer.sparse_type=adagrad"],
-    "emb_half_fast": ["perf=fast", "perf.embedding_dtype=fp16"],
-    "fast_fused_pipe": ["perf=fast", "pipeline=fused_sparse_dist"],
-    "fast_cudagraphs": ["perf=fast"],  # patched: compile mode reduce-overhead (refused by the config)
-    "fast_dedicated": ["perf=fast", "pipeline.input_dist_group=dedicated"],
-    "fp32_dedicated": ["perf=fp32", "pipeline.input_dist_group=dedicated"],
-    "fast_cudagraphs_dedicated": ["perf=fast", "pipeline.input_dist_group=dedicated"],  # patched, as above
-    # A/B of code changes: built with a patch (PATCHES below)
-    "fast_sparsearch_copy": ["perf=fast"],
-    "fast_ar_bf16": ["perf=fast", "perf.allreduce_dtype=bf16"] + NO_HOLD,
-    "fast_bounds_check": ["perf=fast", "perf.tbe_bounds_check=warning"],  # FBGEMM's default check, on
-    "fast_modules_apart": ["perf=fast"],  # patched: three compiled modules, the loss eager (before session 4)
-    "fast_coordinate_descent": ["perf=fast", "perf.coordinate_descent_tuning=true"],
-    "fast_ar_group": ["perf=fast", "perf.allreduce_group=dedicated"] + NO_HOLD,
-    "fast_ar_group_ctas2": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=2"] + NO_HOLD,
-    "fast_ar_group_ctas4": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"] + NO_HOLD,
-    "fast_ar_group_ctas8": ["perf=fast", "perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=8"] + NO_HOLD,
-    "fast_dedicated_ar_group": ["perf=fast", "pipeline.input_dist_group=dedicated", "perf.allreduce_group=dedicated"]
-    + NO_HOLD,
+    "fast_elementwise_adagrad": ["perf=fast", "optimizer.sparse_type=adagrad"],
+    "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
+    "fast_max_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
+    "fast_fused_sparse_dist": ["perf=fast", "pipeline=fused_sparse_dist"],
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
-    "fast_semi_sync_ar_group": ["perf=fast", "pipeline=semi_sync", "perf.allreduce_group=dedicated"] + NO_HOLD,
-    # A/Bs of the sixth and seventh sessions, pinned to the perf=fast they ran against (SESSION6; docs/benchmarks.md)
-    "fast_one_graph": SESSION6 + ["perf.compile_ddp_split=false"],
-    "fast_bucket100": SESSION6 + ["perf.ddp_bucket_cap_mb=100"],
-    "fast_one_graph_bucket100": SESSION6 + ["perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=100"],
-    "fast_bucket8": SESSION6 + ["perf.ddp_bucket_cap_mb=8"],
-    "fast_dcn_bf16": SESSION6 + ["perf.dcn_residual_dtype=autocast"],
-    "fast_dcn_bf16_one_graph": DCN_ONE_GRAPH,
-    "fast_dcn_bf16_cd": DCN_ONE_GRAPH + ["perf.coordinate_descent_tuning=true"],
-    "fast_dcn_bf16_one_graph_ar_group": DCN_ONE_GRAPH + ["perf.allreduce_group=dedicated"] + NO_HOLD,
-    "fast_dcn_bf16_one_graph_semi_sync": DCN_ONE_GRAPH + ["pipeline=semi_sync"],
-    "fast_dcn_bf16_cudagraphs": DCN_ONE_GRAPH,  # patched: compile mode reduce-overhead
-    "fast_dcn_bf16_dedicated": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated"],
-    "fast_dcn_bf16_bucket100": DCN_ONE_GRAPH + ["perf.ddp_bucket_cap_mb=100"],  # = today's perf=fast
-    "fast_dcn_bf16_dedicated_semi_sync": DCN_ONE_GRAPH + ["pipeline.input_dist_group=dedicated", "pipeline=semi_sync"],
-    # today's perf=fast with one of its levers undone, or a key on top
-    "fast_split": ["perf=fast", "perf.compile_ddp_split=true"],
-    "fast_dcn_fp32": ["perf=fast", "perf.dcn_residual_dtype=fp32"],
+    "fast_dedicated_input_dist": ["perf=fast", "pipeline.input_dist_group=dedicated"],
+    "fp32_dedicated_input_dist": ["perf=fp32", "pipeline.input_dist_group=dedicated"],
+    "fast_allreduce_bf16": ["perf=fast", "perf.allreduce_dtype=bf16"] + NOT_HELD,
+    "fast_bounds_check": ["perf=fast", "perf.tbe_bounds_check=warning"],
+    "fast_split_at_buckets": ["perf=fast", "perf.compile_ddp_split=true"],
+    "fast_fp32_dcn_stream": ["perf=fast", "perf.dcn_residual_dtype=fp32"],
     "fast_bucket25": ["perf=fast", "perf.ddp_bucket_cap_mb=25"],
-    "fast_dedicated_ctas2": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=2"],
-    "fast_dedicated_ctas4": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=4"],
-    "fast_dedicated_ctas8": ["perf=fast", "pipeline.input_dist_group=dedicated", "pipeline.input_dist_max_ctas=8"],
-    # the hybrid placement (eighth session): the 18 tables of at most 100k rows (MLPerf: 3 .. 39,060 rows, 44 of
-    # the 214 ids per sample) data_parallel; t_cat_20 (100 ids per sample) also split in two column halves, or
-    # in two row halves, so that its lookups are shared by the ranks
     "fast_hybrid": ["perf=fast", "sharding.data_parallel_max_rows=100000"],
-    "fast_hybrid_cw20": [
-        "perf=fast",
-        "sharding.data_parallel_max_rows=100000",
-        "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
-        "+sharding.constraints.t_cat_20.min_partition=64",
-    ],
-    "fast_hybrid_rw20": [
-        "perf=fast",
-        "sharding.data_parallel_max_rows=100000",
-        "+sharding.constraints.t_cat_20.sharding_types=[row_wise]",
-    ],
-    # the lean output dist without the held all-reduce (perf=fast holds it since the ninth session)
-    "fast_lean_output_dist": ["perf=fast"] + NO_HOLD,
-    "fast_lean_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"] + NO_HOLD,
-    "fast_eighth": EIGHTH,  # perf=fast of the eighth session
-    "fast_lean_regroup": ["perf=fast"] + NO_HOLD,  # patched: no rank blocks (the eighth session's lean output dist)
-    "fast_lean_held": ["perf=fast"],  # = fast since the ninth session
-    "fast_lean_held_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
-    "fast_compiled_optimizer": ["perf=fast"],  # patched: the dense Adagrad step compiled
-    "fast_hybrid_compiled_optimizer": ["perf=fast", "sharding.data_parallel_max_rows=100000"],  # patched, as above
-    # table_wise plans rebalanced by hand from the eighth session's 2-GPU trace (rank 1's TBE backward ran 0.7 ms
-    # longer): t_cat_11 (a: and t_cat_10, b) and t_cat_15 moved to rank 0, t_cat_5 and t_cat_12 to rank 1
-    "fast_plan_a": ["perf=fast", "sharding.plan_path=bench/plans/tw2_a.json"],
-    "fast_plan_b": ["perf=fast", "sharding.plan_path=bench/plans/tw2_b.json"],
-    "fast_cw20": [
-        "perf=fast",
-        "+sharding.constraints.t_cat_20.sharding_types=[column_wise]",
-        "+sharding.constraints.t_cat_20.min_partition=64",
-    ],
+    "fast_no_lean_output_dist": ["perf=fast", "perf.lean_output_dist=false"] + NOT_HELD,
+    "fast_allreduce_not_held": ["perf=fast"] + NOT_HELD,
+    # 2 ranks, the capped MLPerf tables: a table_wise plan balanced by hand for the TBE backward's time per rank
+    "fast_balanced_plan": ["perf=fast", f"sharding.plan_path={BALANCED_PLAN}"],
+    # built with HOOKS below
+    "fast_torchrec_sparse_arch": ["perf=fast"],
 }
 
 
-def _torchrec_sparse_arch(built: Any) -> None:
-    """TorchRec's ``SparseArch.forward`` (a copy of the pooled embeddings into feature order, outside the compiled
-    dense step) in place of ``ZeroCopySparseArch``'s view (one rank) or its reorder inside the dense step (several
-    ranks, whose pooled output comes rank by rank)."""
+def _torchrec_sparse_arch(model: DLRMTrain) -> None:
+    """TorchRec's own ``SparseArch`` in place of ``ZeroCopySparseArch``: its copy of the pooled embeddings into
+    feature order, outside the compiled dense step (and on several ranks no rank-block hand-over)."""
     from torchrec.models.dlrm import SparseArch
 
-    arch = built.model.module.model.sparse_arch
-    assert isinstance(arch, ZeroCopySparseArch), type(arch)
-
-    def torchrec_forward(self: Any, features: Any, in_key_order: bool = False) -> Any:
-        out = SparseArch.forward(self, features)
-        return (out, None) if in_key_order else out
-
-    torchrec_forward.__qualname__ = "SparseArch.forward"
-    arch.forward = types.MethodType(torchrec_forward, arch)
+    net = model.model
+    net.sparse_arch = SparseArch(net.sparse_arch.embedding_bag_collection)
 
 
-def _compile_with_cuda_graphs(
-    train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False, ddp_split: bool = True
-) -> List[str]:
-    """``compile_dense`` in mode ``reduce-overhead`` (CUDA graphs). ``perf.compile_mode`` refuses it: not faster on
-    H200, and the trainer's validation, which failed with it before the step's outputs were copied out of the
-    graphs, has not been re-run; the training step alone, which is what is timed here, runs."""
-    return compile_dense(train_model, "reduce-overhead", coordinate_descent_tuning, ddp_split)
-
-
-def _compile_modules_apart(
-    train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False, ddp_split: bool = True
-) -> List[str]:
-    """What ``perf.compile`` did before session 4: the dense arch, the interaction and the over arch compiled as
-    three modules (``nn.Module.compile``), the loss eager; ``compile_dense`` now compiles them and the loss as one
-    graph. Kept to A/B the two."""
-    import torch._dynamo
-
-    torch._dynamo.config.error_on_nested_fx_trace = False
-    torch._dynamo.config.optimize_ddp = ddp_split
-    torch._dynamo.reset()  # as compile_dense: no graphs of an earlier build in this process
-    done = []
-    for name in DENSE_MODULES:
-        getattr(train_model.model, name).compile(mode=None if mode == "default" else mode)
-        done.append(f"model.{name}")
-    train_model.compiled_parts = done
-    return done
-
-
-def _compile_dense_optimizer(built: Any) -> None:
-    """The dense Adagrad's step compiled by torch.compile (PyTorch's compiled-optimizer recipe: one or a few
-    fused kernels for every dense parameter in place of foreach launches); the lr stays a float, constant in
-    this bench."""
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-
-    def leaves(o: Any) -> List[Any]:
-        if isinstance(o, CombinedOptimizer):
-            return [x for _, sub in o.optimizers for x in leaves(sub)]
-        return [o]
-
-    done = 0
-    for o in leaves(built.optimizer):
-        if (
-            isinstance(o, KeyedOptimizerWrapper)
-            and isinstance(o._optimizer, torch.optim.Adagrad)
-            and not any("embedding_bags" in n for n in o.params)
-        ):  # the MLPs' (data_parallel tables: not here)
-            inner = o._optimizer
-            orig = inner.step
-            compiled = torch.compile(lambda orig=orig: orig())
-            inner.step = lambda closure=None, compiled=compiled: compiled()
-            done += 1
-    assert done == 1, done
-
-
-def _lean_without_rank_blocks(model: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
-    """``use_lean_output_dist`` as the eighth session had it: the received rank blocks concatenated in the output
-    dist and the gradient regrouped there in one pass, not gathered inside the compiled dense step."""
-    from dlrm.output_dist import use_lean_output_dist
-
-    return use_lean_output_dist(model, rank_blocks=False, a2a_listener=a2a_listener)
-
-
-# variant -> ({"module:attribute": value swapped in during build_training}, patch of the built stack)
-PATCHES: Dict[str, Tuple[Dict[str, Any], Optional[Callable[[Any], None]]]] = {
-    "fast_sparsearch_copy": ({}, _torchrec_sparse_arch),
-    "fast_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
-    "fast_modules_apart": ({"dlrm.trainer:compile_dense": _compile_modules_apart}, None),
-    "fast_cudagraphs_dedicated": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
-    "fast_dcn_bf16_cudagraphs": ({"dlrm.trainer:compile_dense": _compile_with_cuda_graphs}, None),
-    "fast_compiled_optimizer": ({}, _compile_dense_optimizer),
-    "fast_lean_regroup": ({"dlrm.trainer:use_lean_output_dist": _lean_without_rank_blocks}, None),
-    "fast_hybrid_compiled_optimizer": ({}, _compile_dense_optimizer),
+# variant -> the piece of the trainer's build it swaps (dlrm.trainer.BuildHooks)
+HOOKS: Dict[str, BuildHooks] = {
+    "fast_torchrec_sparse_arch": BuildHooks(model=_torchrec_sparse_arch),
 }
 DEFAULT_VARIANTS = [
     "stock",
     "fp32",
     "no_tf32",
-    "emb_half",
     "autocast",
     "compile",
     "autocast_compile",
     "fast",
-    "fast_adagrad",
+    "fast_elementwise_adagrad",
 ]
 
 
@@ -329,33 +164,12 @@ class TrainerRunner(ab.Runner):
         )
         self.cfg = cfg
         torch.manual_seed(0)
-        module_patch, built_patch = PATCHES.get(name, ({}, None))
-        targets = {k: (importlib.import_module(k.split(":")[0]), k.split(":")[1]) for k in module_patch}
-        saved = {k: getattr(m, a) for k, (m, a) in targets.items()}
-        try:
-            for k, (m, a) in targets.items():
-                setattr(m, a, module_patch[k])
-            built = build_training(cfg, info, batch)
-        finally:
-            for k, (m, a) in targets.items():
-                setattr(m, a, saved[k])
-        if built_patch is not None:
-            built_patch(built)
+        built = build_training(cfg, info, batch, hooks=HOOKS.get(name))
         self.model, self.opt, self.pipe, self.scheduler = built.model, built.optimizer, built.pipeline, built.scheduler
-        # what the patches change, recorded so a result shows the patch took effect
+        # what the build swapped or compiled, recorded so a result shows it took effect
         self.applied = {
-            "sparse_arch_forward": built.model.module.model.sparse_arch.forward.__qualname__,
-            # FBGEMM BoundsCheckMode values of the TBEs (1 WARNING, FBGEMM's default; 3 NONE); the sharded
-            # collection keeps its lookups in a plain list, out of reach of modules()
-            "tbe_bounds_check_modes": sorted(
-                {
-                    m.bounds_check_mode_int
-                    for lookup in getattr(built.model.module.model.sparse_arch.embedding_bag_collection, "_lookups", [])
-                    for m in lookup.modules()
-                    if hasattr(m, "bounds_check_mode_int")
-                }
-            ),
-            "compiled": list(built.model.module.compiled_parts),
+            "sparse_arch": type(built.model.module.model.sparse_arch).__name__,
+            "compiled": built.perf.compiled or [],
         }
         self.plan_kernels = sorted(
             {(ps.sharding_type, ps.compute_kernel) for mp in built.plan.plan.values() for ps in mp.values()}
@@ -370,7 +184,7 @@ class TrainerRunner(ab.Runner):
             seed=1000 + dist.get_rank(),
             ids_dtype=ab.IDS_DTYPES[args.ids_dtype],
         )
-        self.win = _Window(info.device)
+        self.win = MetricWindow(info.device)
         self.n = 0
 
     probe: Optional[Tuple[str, float]] = None  # --probe: (host | gpu, ms) added to every step
@@ -388,20 +202,20 @@ class TrainerRunner(ab.Runner):
                 while time.perf_counter() < end:
                     pass
             else:  # a kernel that spins ms on the compute stream, queued after the step's optimizer
-                torch.cuda._sleep(int(ms * _cycles_per_ms(self.device)))
+                compat.gpu_spin(int(ms * _cycles_per_ms(self.device)))
 
 
 _CYCLES: Dict[str, float] = {}
 
 
 def _cycles_per_ms(device: torch.device) -> float:
-    """GPU clock cycles per ms of ``torch.cuda._sleep``, measured once with CUDA events."""
+    """GPU clock cycles per ms of :func:`dlrm.torchrec_compat.gpu_spin`, measured once with CUDA events."""
     if str(device) not in _CYCLES:
         torch.cuda.synchronize(device)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         n = 1 << 24
         a.record()
-        torch.cuda._sleep(n)
+        compat.gpu_spin(n)
         b.record()
         b.synchronize()
         _CYCLES[str(device)] = n / a.elapsed_time(b)
@@ -598,7 +412,8 @@ def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
         f"torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} steps, warm-up "
         f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')})",
         "",
-        "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock (mean of its 2 runs) | peak GB | plan |",
+        "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock (mean of its 2 runs) "
+        "| peak GB | plan |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     stock: Dict[int, float] = {}
@@ -674,10 +489,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--sharding",
         default="auto",
-        help="the trainer variants' sharding preset. auto: TorchRec's planner picks (the second "
-        "session's runs; on 1 GPU it then chose table_wise, table_column_wise or column_wise in "
-        "different runs); table_wise (every run since the third session in docs/benchmarks.md) "
-        "matches what the planner gives stock and removes that variance",
+        help="the trainer variants' sharding preset (auto: TorchRec's planner picks); table_wise, as in "
+        "docs/performance.md, matches what the planner gives stock on the capped model",
     )
     p.add_argument("--profile", nargs="*", default=[], help="variants whose GPU time is broken down (e.g. fast)")
     p.add_argument(
@@ -750,13 +563,13 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     for b in args.batch_sizes:
         # --alternate times all variants as one unit; otherwise each variant is built, timed and freed in turn
         units = (
-            [lambda: run_alternating(list(args.variants), b, args, info, world)]
+            [lambda b=b: run_alternating(list(args.variants), b, args, info, world)]
             if args.alternate
-            else [lambda v=v: run_variant(v, b, args, info, world) for v in variants]
+            else [lambda v=v, b=b: run_variant(v, b, args, info, world) for v in variants]
         )
         # profiles run after every variant of this batch size was timed (see profile_variant)
         units += [
-            lambda v=v: _attach_profile(rows, v, b, args, info, world)
+            lambda v=v, b=b, rows=rows: _attach_profile(rows, v, b, args, info, world)
             for v in dict.fromkeys(args.profile)
             if v in variants
         ]

@@ -1,6 +1,6 @@
 """Validate raw Criteo TSV files and print what a training run will see.
 
-    python data/check_tsv.py ../shared/data/criteo/kaggle_train_head10k.tsv [more.tsv ...]
+    python data/check_tsv.py /path/to/train.txt [more.tsv ...]
 
 For each file: rows, click rate, and the share of missing values per integer and categorical column. A
 malformed line stops the check with the file and line number (the same parser the trainer uses), so a file that

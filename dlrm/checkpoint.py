@@ -17,7 +17,8 @@ Layout of one checkpoint ``<dir>/step_<N>/``:
   size and plan loads into another.
 - ``meta.json`` (rank 0): step, samples seen, world size, global batch, LR scheduler state, the plan, the
   resolved config.
-- ``rank_<r>.pt`` (each rank): RNG states (torch, numpy, python, CUDA) and the unlogged training-metric window.
+- ``rank_<r>.pt`` (each rank): RNG states (torch, numpy, python, CUDA) and the unlogged training-metric window
+  (:class:`dlrm.metrics.MetricWindow`).
   They are per rank and small, and DCP requires every rank to load the same keys, so they live beside it.
 
 Atomicity: a save writes into ``step_<N>.tmp/``; rank 0 renames it to ``step_<N>/`` once DCP's save has finished
@@ -44,8 +45,9 @@ the same ``checkpoint.dir`` resumes. Under ``torchrun --max-restarts K`` (with
 checkpoint; a scheduler retry (torchx ``--max_retries``) relaunches the job, which resumes the same way.
 
 Why our own module: DCP does the sharded I/O and resharding; what the run needs around it (atomic directories,
-retention, the trainer's step / data position / RNG / metric window, layout reports on reshard, SIGTERM) is
-specific to this trainer.
+retention, the run's step / data position / RNG / metric window, layout reports on reshard, SIGTERM) is specific
+to this trainer. It takes that state explicitly (:class:`TrainState`, :class:`RunFacts`, the model, optimizer and
+scheduler), not the trainer.
 """
 
 from __future__ import annotations
@@ -61,23 +63,21 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from omegaconf import OmegaConf
-
-from dlrm.config import CheckpointConfig, ConfigError
+from dlrm import torchrec_compat as compat
+from dlrm.config import CheckpointConfig, Config, ConfigError
 from dlrm.dist import DistInfo
+from dlrm.metrics import MetricWindow
 from dlrm.sharding import plan_rows
-
-if TYPE_CHECKING:
-    from dlrm.trainer import Trainer, _Window
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +272,8 @@ class _StreamStagedWriter(FileSystemWriter):
     on its own stream but records no ordering against the training stream in either direction (its copy can
     read weights before this step's update kernels ran, and the next backward can update them mid-copy), which
     the fused TBE optimizer (in-place update inside backward) turns into a torn checkpoint. This uses DCP's
-    state-dict helpers (``_create_cpu_state_dict``, ``_copy_state_dict``, present in torch 2.11 and 2.13; they
-    handle ``ShardedTensor``) and adds the two events.
+    state-dict helpers (:func:`dlrm.torchrec_compat.create_cpu_state_dict` / ``copy_state_dict``; they handle
+    ``ShardedTensor``) and adds the two events.
 
     Ordering (see the module docstring): training stream --ready--> staging stream copies --done--> training
     stream (its next kernel) and writer thread (``done.synchronize()`` in :meth:`write_data`).
@@ -293,16 +293,14 @@ class _StreamStagedWriter(FileSystemWriter):
         self.done: Optional[torch.cuda.Event] = None
 
     def stage(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
         if self._cache is None:  # pinned buffers: allocated once (the layout does not change during a run)
-            self._cache = _create_cpu_state_dict(state_dict, pin_memory=True)
+            self._cache = compat.create_cpu_state_dict(state_dict, pin_memory=True)
         train = torch.cuda.current_stream(self.device)
         ready = torch.cuda.Event()
         ready.record(train)
         self.stream.wait_event(ready)
         with torch.cuda.stream(self.stream):
-            staged = _copy_state_dict(state_dict, self._cache, non_blocking=True)
+            staged = compat.copy_state_dict(state_dict, self._cache, non_blocking=True)
         self.done = torch.cuda.Event()
         self.done.record(self.stream)
         # GPU-side wait: no host sync. Any memory of state_dict temporaries that the training stream reuses
@@ -328,8 +326,32 @@ class _KillAfterWrite(FileSystemWriter):
 
 
 # ----------------------------------------------------------------------------------------------- checkpointer
+@dataclass
+class TrainState:
+    """The run's progress that a checkpoint holds besides the model, the optimizers and the lr schedule.
+
+    ``step`` is also the data position: every loader resumes at the batch of this step (the batch order is a
+    function of the step, the global batch and ``seed``).
+    """
+
+    step: int = 0  # optimizer steps done
+    samples_seen: int = 0  # training samples over all ranks
+    window: Optional[MetricWindow] = None  # the training-metric window not yet logged
+
+
+@dataclass
+class RunFacts:
+    """What ``meta.json`` records about the run, and what a resume checks against it."""
+
+    global_batch: int
+    steps_per_epoch: int
+    total_steps: int  # the last step of this run (a periodic save also falls on it)
+    plan: Any  # the torchrec ShardingPlan
+    config: Config
+
+
 class Checkpointer:
-    """The trainer's checkpoint policy: resume at set-up, periodic async saves, SIGTERM, retention.
+    """The checkpoint policy: resume at set-up, periodic async saves, SIGTERM, retention.
 
     Construct on every rank after the process group exists (it creates two gloo groups collectively).
 
@@ -337,11 +359,25 @@ class Checkpointer:
         cfg: the ``checkpoint`` config.
         run_dir: the run directory (``checkpoint.dir`` defaults to ``<run_dir>/checkpoints``).
         info: this rank's layout.
+        model: the DMP model (its state dict: every table shard and the dense parameters).
+        optimizer: the combined fused and dense optimizer.
+        scheduler: the lr scheduler.
+        run: the run's batch, steps, plan and config (:class:`RunFacts`).
     """
 
-    def __init__(self, cfg: CheckpointConfig, run_dir: str, info: DistInfo) -> None:
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        run_dir: str,
+        info: DistInfo,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        run: RunFacts,
+    ) -> None:
         self.cfg = cfg
         self.info = info
+        self.model, self.optimizer, self.scheduler, self.run = model, optimizer, scheduler, run
         # TorchRec's state dicts are ShardedTensors; DCP warns about that on every access
         warnings.filterwarnings("ignore", category=FutureWarning, message=r".*deprecating ShardedTensor")
         self.root = os.path.abspath(cfg.dir or os.path.join(run_dir, "checkpoints"))
@@ -352,6 +388,10 @@ class Checkpointer:
         self._pending: Optional[Tuple[Any, int, str]] = None  # (future, step, tmp dir)
         self.last_saved_step = -1
         self.preempted = False
+        self.preempt_message: Optional[str] = None
+        self.save_seconds: List[float] = []  # time the training loop spent in each save (async: staging)
+        self.resumed_from: Optional[str] = None
+        self.report: Optional[LoadReport] = None
         self._sigterm = False
         self._prev_handler: Any = None
         if cfg.save_on_sigterm and threading.current_thread() is threading.main_thread():
@@ -388,9 +428,9 @@ class Checkpointer:
             raise ConfigError(chosen[0][1:])
         return chosen[0]
 
-    def resume(self, trainer: "Trainer") -> Optional[str]:
-        """Restore ``trainer`` (model, optimizers, LR schedule, step, samples, RNG) from the checkpoint that
-        ``checkpoint.resume`` selects. Returns its path, or None for a fresh start.
+    def resume(self, state: TrainState) -> Optional[str]:
+        """Restore the model, optimizers, lr schedule and ``state`` (step, samples, RNG, metric window) from the
+        checkpoint that ``checkpoint.resume`` selects. Returns its path, or None for a fresh start.
 
         Raises:
             ConfigError: ``checkpoint.resume`` names no checkpoint, or the checkpoint's global batch differs
@@ -403,24 +443,24 @@ class Checkpointer:
             return None
         t0 = time.perf_counter()
         meta = read_meta(path)
-        if meta["global_batch"] != trainer.global_batch:
+        if meta["global_batch"] != self.run.global_batch:
             raise ConfigError(
                 f"config key `data.global_batch_size`: checkpoint {path} was trained with a global batch of "
-                f"{meta['global_batch']} ({meta['world_size']} ranks), this run has {trainer.global_batch}; "
+                f"{meta['global_batch']} ({meta['world_size']} ranks), this run has {self.run.global_batch}; "
                 f"set data.global_batch_size={meta['global_batch']} so the data position carries over"
             )
-        report = load_app_state(path, trainer.model, trainer.optimizer, self.pg)
-        trainer.scheduler.load_state_dict(meta["scheduler"])
-        for group, lr in zip(trainer.optimizer.param_groups, trainer.scheduler.get_last_lr()):
+        report = load_app_state(path, self.model, self.optimizer, self.pg)
+        self.scheduler.load_state_dict(meta["scheduler"])
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
-        trainer.step = self.last_saved_step = int(meta["step"])
-        trainer.samples_seen = int(meta["samples"])
-        self._restored_window: Optional[Dict[str, Any]] = None
+        state.step = self.last_saved_step = int(meta["step"])
+        state.samples_seen = int(meta["samples"])
         rank_file = os.path.join(path, f"rank_{self.info.rank}.pt")
         if meta["world_size"] == self.info.world_size and os.path.isfile(rank_file):
             extra = torch.load(rank_file, weights_only=False)
             set_rng_state(extra["rng"])
-            self._restored_window = extra.get("window")
+            if state.window is not None:
+                state.window.load_state_dict(extra.get("window"))
         else:
             log.warning(
                 "checkpoint %s was written by %d ranks, this run has %d: RNG states and the unlogged "
@@ -433,51 +473,36 @@ class Checkpointer:
         log.info(
             "resumed from %s at step %d (%d samples seen), %.1fs",
             path,
-            trainer.step,
-            trainer.samples_seen,
+            state.step,
+            state.samples_seen,
             time.perf_counter() - t0,
         )
         self.resumed_from, self.report = path, report
         return path
 
-    def restore_window(self, win: "_Window") -> None:
-        """Put back the training-metric window of the resumed step (steps not yet logged)."""
-        saved = getattr(self, "_restored_window", None)
-        if not saved:
-            return
-        dev = win.device
-        win.losses = [t.to(dev) for t in saved["losses"]]
-        win.oks = [t.to(dev) for t in saved["oks"]]
-        win.logits = [t.to(dev) for t in saved["logits"]]
-        win.labels = [t.to(dev) for t in saved["labels"]]
-        win.samples = saved["samples"]
-        self._restored_window = None
-
     # ---------------------------------------------------------------------------------------------- save
-    def after_step(self, trainer: "Trainer", win: "_Window") -> bool:
+    def after_step(self, state: TrainState) -> bool:
         """Call at the end of every training step. Saves when due; on SIGTERM saves and returns True (the
-        caller leaves the loop and the run ends with status 0)."""
+        caller leaves the loop, logs :attr:`preempt_message`, and the run ends with status 0)."""
         self._poll()
         if self.cfg.save_on_sigterm and self._agree_sigterm():
-            self.save(trainer, win, block=True)
+            self.save(state, block=True)
             self.preempted = True
-            msg = (
-                f"SIGTERM: finished step {trainer.step}, saved {step_dir(self.root, trainer.step)}; exiting "
-                f"with status 0. Start again with the same checkpoint.dir ({self.root}) to resume"
+            self.preempt_message = (
+                f"SIGTERM: finished step {state.step}, saved {step_dir(self.root, state.step)}; exiting with status "
+                f"0. Start again with the same checkpoint.dir ({self.root}) to resume"
             )
-            log.warning(msg)
-            if trainer.metrics is not None:
-                trainer.metrics.log_line(msg)
+            log.warning(self.preempt_message)
             return True
         every = self.cfg.every_n_steps
-        if every and (trainer.step % every == 0 or trainer.step == trainer.total_steps):
-            self.save(trainer, win, block=not self.cfg.async_save)
+        if every and (state.step % every == 0 or state.step == self.run.total_steps):
+            self.save(state, block=not self.cfg.async_save)
         return False
 
-    def at_end(self, trainer: "Trainer", win: "_Window") -> None:
+    def at_end(self, state: TrainState) -> None:
         """After the loop: save the last step if checkpointing is on and it is not saved yet (early stop)."""
-        if self.cfg.every_n_steps and not self.preempted and self.last_saved_step != trainer.step:
-            self.save(trainer, win, block=not self.cfg.async_save)
+        if self.cfg.every_n_steps and not self.preempted and self.last_saved_step != state.step:
+            self.save(state, block=not self.cfg.async_save)
 
     def _agree_sigterm(self) -> bool:
         if self.sig_pg is None:
@@ -486,53 +511,46 @@ class Checkpointer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.sig_pg)
         return bool(flag.item())
 
-    def save(self, trainer: "Trainer", win: Optional["_Window"] = None, block: bool = False) -> str:
+    def save(self, state: TrainState, block: bool = False) -> str:
         """Write a checkpoint of the current step (collective: every rank calls it at the same step).
 
         The previous async save is waited for first. With ``block=False`` this returns once the state is staged
         in host memory; the files appear as ``step_<N>/`` when the background write has finished.
         """
         self.wait()
-        step = trainer.step
+        step = state.step
         final, tmp = step_dir(self.root, step), step_dir(self.root, step) + ".tmp"
         t0 = time.perf_counter()
         os.makedirs(tmp, exist_ok=True)
-        window = None
-        if win is not None and win.losses:
-            window = {
-                "losses": [t.cpu() for t in win.losses],
-                "oks": [t.cpu() for t in win.oks],
-                "logits": [t.cpu() for t in win.logits],
-                "labels": [t.cpu() for t in win.labels],
-                "samples": win.samples,
-            }
+        window = state.window.state_dict() if state.window is not None else None
         torch.save({"rng": rng_state(), "window": window}, os.path.join(tmp, f"rank_{self.info.rank}.pt"))
         if self.info.is_main:
             meta = {
                 "step": step,
-                "samples": trainer.samples_seen,
+                "samples": state.samples_seen,
                 "world_size": self.info.world_size,
-                "global_batch": trainer.global_batch,
-                "steps_per_epoch": trainer.steps_per_epoch,
-                "scheduler": trainer.scheduler.state_dict(),
+                "global_batch": self.run.global_batch,
+                "steps_per_epoch": self.run.steps_per_epoch,
+                "scheduler": self.scheduler.state_dict(),
                 "time": time.time(),
-                "plan": [list(r) for r in plan_rows(trainer.plan)],
-                "config": OmegaConf.to_container(OmegaConf.structured(trainer.cfg)),
+                "plan": [list(r) for r in plan_rows(self.run.plan)],
+                "config": OmegaConf.to_container(OmegaConf.structured(self.run.config)),
                 "versions": {"torch": torch.__version__},
             }
             with open(os.path.join(tmp, META), "w", encoding="utf-8") as f:
                 json.dump(meta, f, indent=1, default=str)
-        state = app_state(trainer.model, trainer.optimizer)
+        app = app_state(self.model, self.optimizer)
         writer = self._make_writer(step, tmp)
         if block:
-            dcp.save(state, storage_writer=writer, checkpoint_id=tmp, process_group=self.pg)
+            dcp.save(app, storage_writer=writer, checkpoint_id=tmp, process_group=self.pg)
             self._finish(step, tmp)
             log.info("checkpoint %s saved in %.2fs", final, time.perf_counter() - t0)
         else:
-            fut = dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp, process_group=self.pg)
+            fut = dcp.async_save(app, storage_writer=writer, checkpoint_id=tmp, process_group=self.pg)
             self._pending = (fut, step, tmp)
             log.info("checkpoint step %d staged in %.2fs; writing in the background", step, time.perf_counter() - t0)
         self.last_saved_step = step
+        self.save_seconds.append(time.perf_counter() - t0)
         return final
 
     def _make_writer(self, step: int, tmp: str) -> FileSystemWriter:

@@ -119,12 +119,16 @@ register_configs()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     """Hand the composed config to :class:`dlrm.trainer.Trainer` (set up, train, close on every exit path)."""
-    from dlrm.dist import shutdown
-    from dlrm.trainer import Trainer
-
-    from dlrm.config import ConfigError
+    from dlrm.config import ConfigError, UnsupportedVersionError
     from dlrm.data.criteo_tsv import TsvFormatError
-    from dlrm.sharding import PlanError
+    from dlrm.dist import shutdown
+
+    try:
+        from dlrm.sharding import PlanError
+        from dlrm.trainer import Trainer
+    except UnsupportedVersionError as e:  # dlrm.torchrec_compat refuses a TorchRec it was not verified on
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
     trainer: Optional[Trainer] = None
     ok = False

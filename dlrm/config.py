@@ -5,15 +5,19 @@ YAML file in ``conf/`` is type-checked (an unknown key or a wrong type fails at 
 :func:`to_config` then turns the composed ``DictConfig`` into these dataclasses, whose ``__post_init__``
 validates values and names the config key and the fix in its error.
 
-Compose and validate without training::
+Each field has a short docstring beside it; ``docs/configuration.md`` is generated from them and from the
+shipped config groups::
 
-    python train.py --cfg job            # print the composed config
-    python -c "from dlrm.config import compose; print(compose(['model=dlrm_v2']))"
+    python -m dlrm.config --markdown docs/configuration.md   # regenerate the configuration reference
+    python train.py --cfg job                                 # print the composed config
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -86,6 +90,11 @@ class ConfigError(ValueError):
     """A config value is invalid; the message names the key and the fix."""
 
 
+class UnsupportedVersionError(ImportError):
+    """The installed TorchRec is not one the trainer's use of its internals was verified on
+    (:mod:`dlrm.torchrec_compat`); the message names both and the fix."""
+
+
 def _check(cond: bool, key: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"config key `{key}`: {msg}")
@@ -93,30 +102,28 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 @dataclass
 class ModelConfig:
-    """The network. ``interaction=dcn`` is DLRM-v2 (torchrec ``DLRM_DCN``); ``dot`` is the original DLRM.
-
-    Fields:
-        name: label of the preset (``dlrm_v2``, ``dlrm_v2_small``, ``dlrm``); informational.
-        interaction: ``dcn`` (DCNv2 low-rank cross layers) or ``dot`` (pairwise dot products).
-        embedding_dim: width of every table (MLPerf: 128). Must be a multiple of 4 for FBGEMM fused kernels.
-        num_embeddings_per_feature: rows per table, one per sparse feature C1..C26 (MLPerf cardinalities).
-        row_cap: optional upper bound on rows per table (``min(rows, row_cap)``), e.g. to fit a laptop.
-        multi_hot_sizes: ids per sample per feature after multi-hot expansion (MLPerf: 214 in all).
-        dense_arch_layer_sizes: bottom MLP; its last size must equal ``embedding_dim``.
-        over_arch_layer_sizes: top MLP; its last size must be 1 (one logit).
-        dcn_num_layers / dcn_low_rank_dim: DCNv2 cross layers and their low rank (MLPerf: 3 and 512).
-    """
+    """The network: ``interaction=dcn`` is DLRM-v2 (TorchRec ``DLRM_DCN``), ``dot`` the original DLRM."""
 
     name: str = "dlrm_v2_small"
+    """Label of the preset (``dlrm_v2``, ``dlrm_v2_small``, ``dlrm``); informational."""
     interaction: str = "dcn"
+    """``dcn`` (DCNv2 low-rank cross layers) or ``dot`` (pairwise dot products)."""
     embedding_dim: int = 16
+    """Width of every table (MLPerf: 128); a multiple of 4 for FBGEMM's fused TBE kernels."""
     num_embeddings_per_feature: List[int] = field(default_factory=lambda: list(MLPERF_NUM_EMBEDDINGS))
+    """Rows per table, one per sparse feature C1..C26 (default: the MLPerf cardinalities, 204,184,588 rows)."""
     row_cap: Optional[int] = 2000
+    """Upper bound on the rows of every table (``min(rows, row_cap)``); null: no cap."""
     multi_hot_sizes: List[int] = field(default_factory=lambda: list(MLPERF_MULTI_HOT_SIZES))
+    """Ids per sample per feature after the multi-hot expansion (MLPerf: 214 in all)."""
     dense_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 16])
+    """Bottom MLP; its last size must equal ``model.embedding_dim``."""
     over_arch_layer_sizes: List[int] = field(default_factory=lambda: [64, 32, 1])
+    """Top MLP; its last size must be 1 (one click logit)."""
     dcn_num_layers: int = 3
+    """DCNv2 cross layers (MLPerf: 3)."""
     dcn_low_rank_dim: int = 32
+    """Low rank of each cross layer (MLPerf: 512)."""
 
     def __post_init__(self) -> None:
         _check(self.interaction in ("dcn", "dot"), "model.interaction", f"got {self.interaction!r}; use dcn or dot")
@@ -163,53 +170,53 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """Where samples come from and how they are batched.
-
-    Fields:
-        name: ``synthetic`` (teacher-labelled MLPerf-shaped data, generated in memory), ``criteo_tsv`` or
-            ``criteo_binary`` (a directory written by ``data/preprocess_criteo.py``, memory-mapped).
-        batch_size: samples per rank per step (global batch = batch_size x world size).
-        global_batch_size: if set, overrides ``batch_size`` with ``global_batch_size / world size`` per rank, so
-            the same command does the same math on any world size (must divide evenly).
-        multi_hot: expand each 1-hot id into its table's ``model.multi_hot_sizes`` ids the MLPerf way;
-            false keeps one id per feature.
-        multi_hot_seed: numpy legacy seed of the expansion tables (MLPerf reference: 0).
-        train_path / val_path: Criteo TSV files (``label, I1..I13, C1..C26``); required for ``criteo_tsv``.
-        test_path: optional TSV scored once at the end (MLPerf: the second half of day 23).
-        val_fraction: without ``val_path``, the last fraction of the training rows validates.
-        max_rows: read at most this many rows of ``train_path`` (null: all).
-        num_train_samples / num_val_samples / num_test_samples: sizes of the synthetic splits (test 0: none).
-        teacher_seed: seed of the hidden teacher model that labels synthetic samples.
-        teacher_dim: width of the teacher's latent factors.
-        shuffle: reshuffle training rows each epoch (MLPerf: no shuffling).
-        dataset_dir: ``criteo_binary``: the preprocessed dataset (``meta.json`` and ``day_*.npy``); splits follow
-            MLPerf (train = all days but the last; validation / test = first / second half of the last day).
-        multi_hot_source: ``criteo_binary`` with ``multi_hot``: ``materialized`` (``day_*_sparse_multi_hot.npy``),
-            ``on_the_fly`` (gather from the expansion tables per batch) or ``auto`` (materialized when present).
-        prefetch: ``criteo_binary``: batches a background thread keeps ready (0: none).
-        pin_memory: ``criteo_binary``: assemble batches in pinned host memory (null: when CUDA is available).
-    """
+    """Where samples come from and how they are batched (``data=synthetic|criteo_tsv|criteo_binary``)."""
 
     name: str = "synthetic"
+    """``synthetic`` (teacher-labelled MLPerf-shaped data, generated in memory), ``criteo_tsv`` (raw Criteo TSV)
+    or ``criteo_binary`` (a directory written by ``data/preprocess_criteo.py``, memory-mapped)."""
     batch_size: int = 256
+    """Samples per rank per step (global batch = batch_size x world size)."""
     global_batch_size: Optional[int] = None
+    """If set, the per-rank batch is ``global_batch_size / world size``, so the same command does the same math on
+    any world size (must divide evenly)."""
     multi_hot: bool = True
+    """Expand each 1-hot id into its table's ``model.multi_hot_sizes`` ids as the MLPerf reference does; false
+    keeps one id per feature."""
     multi_hot_seed: int = 0
+    """numpy legacy seed of the multi-hot expansion tables (MLPerf reference: 0)."""
     train_path: Optional[str] = None
+    """``criteo_tsv``: the training TSV (``label, I1..I13, C1..C26``; Kaggle ``train.txt`` or a 1TB ``day_N``)."""
     val_path: Optional[str] = None
+    """``criteo_tsv``: the validation TSV (null: the last ``data.val_fraction`` of the training rows)."""
     test_path: Optional[str] = None
+    """``criteo_tsv``: a TSV scored once at the end (MLPerf: the second half of day 23)."""
     val_fraction: float = 0.2
+    """``criteo_tsv`` without ``val_path``: the last fraction of the training rows validates."""
     max_rows: Optional[int] = None
+    """Read at most this many rows of the training data (null: all)."""
     num_train_samples: int = 131072
+    """``synthetic``: training samples."""
     num_val_samples: int = 16384
+    """``synthetic``: validation samples."""
     num_test_samples: int = 0
+    """``synthetic``: test samples, scored once at the end (0: no test split)."""
     teacher_seed: int = 1234
+    """``synthetic``: seed of the hidden teacher model that labels the samples."""
     teacher_dim: int = 8
+    """``synthetic``: width of the teacher's latent factors."""
     shuffle: bool = False
+    """Reshuffle the training rows each epoch (MLPerf: no shuffling)."""
     dataset_dir: Optional[str] = None
+    """``criteo_binary``: the preprocessed dataset (``meta.json``, ``day_*.npy``). Splits follow MLPerf: train =
+    all days but the last, validation / test = first / second half of the last day."""
     multi_hot_source: str = "auto"
+    """``criteo_binary``: ``materialized`` (``day_*_sparse_multi_hot.npy``), ``on_the_fly`` (gathered from the
+    expansion tables per batch) or ``auto`` (materialized when present)."""
     prefetch: int = 2
+    """``criteo_binary``: batches a background thread keeps ready (0: none)."""
     pin_memory: Optional[bool] = None
+    """``criteo_binary``: assemble batches in pinned host memory (null: when CUDA is available)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -276,37 +283,30 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Adagrad for both sides, as MLPerf's compliance rules fix it (lr_decay 0, weight_decay 0, eps 1e-8).
-
-    Fields:
-        lr: learning rate of the dense (MLP) parameters.
-        sparse_lr: learning rate of the embedding tables (null: same as ``lr``).
-        eps: Adagrad epsilon for both (MLPerf Training rules: 1e-8; PyTorch's default 1e-10 is not used).
-        sparse_type: ``adagrad`` (element-wise, FBGEMM EXACT_ADAGRAD, the MLPerf rule) or ``rowwise_adagrad``
-            (one accumulator per row, EXACT_ROWWISE_ADAGRAD, 1/dim of the optimizer memory).
-
-        warmup_steps: linear warmup over this many steps: step s (0-based) uses ``lr * (s + 1) / warmup_steps``,
-            so warmup 4 gives 0.25, 0.5, 0.75, 1.0 x lr and no plateau below lr.
-        decay_start_step / decay_steps: from ``decay_start_step`` for ``decay_steps`` steps the rate decays
-            polynomially, ``lr * ((end - s) / decay_steps) ** decay_power`` with ``end = start + steps``, never
-            below ``end_lr``; from ``end`` on it stays at ``end_lr`` (it does not climb again). 0 steps: no decay.
-        decay_power: exponent of the decay (MLPerf reference: 2).
-        end_lr: the floor of the decay (MLPerf reference: 1e-7).
-
-    The schedule is the MLPerf reference's (warmup, constant, polynomial decay); the MLPerf closed division
-    runs it with warmup = decay start = decay steps = 0, i.e. a constant rate. Both Adagrads start their
-    accumulators at 0 (MLPerf rule; FBGEMM's TBE has no other option).
-    """
+    """Adagrad for both sides, as the MLPerf Training rules fix it (lr_decay 0, weight_decay 0, initial
+    accumulator 0, eps 1e-8), with the MLPerf reference's lr schedule (warmup, constant, polynomial decay; all
+    0 in the closed division: a constant rate)."""
 
     lr: float = 0.01
+    """Learning rate of the dense (MLP) parameters."""
     sparse_lr: Optional[float] = None
+    """Learning rate of the embedding tables (null: ``optimizer.lr``)."""
     eps: float = 1e-8
+    """Adagrad epsilon of both optimizers (MLPerf Training rules: 1e-8; PyTorch's default 1e-10 is not used)."""
     sparse_type: str = "adagrad"
+    """``adagrad`` (element-wise, FBGEMM EXACT_ADAGRAD, the MLPerf rule) or ``rowwise_adagrad`` (one
+    accumulator per row, EXACT_ROWWISE_ADAGRAD: 1/dim of the optimizer memory)."""
     warmup_steps: int = 0
+    """Linear warmup: step s (0-based) uses ``lr * (s + 1) / warmup_steps`` (0: none)."""
     decay_start_step: int = 0
+    """First step of the polynomial decay."""
     decay_steps: int = 0
+    """Length of the decay, ``lr * ((start + steps - s) / steps) ** decay_power``, never below ``end_lr``; after
+    it the rate stays at ``end_lr`` (0: no decay)."""
     decay_power: float = 2.0
+    """Exponent of the decay (MLPerf reference: 2)."""
     end_lr: float = 1e-7
+    """Floor of the decay (MLPerf reference: 1e-7)."""
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optimizer.lr", "must be positive")
@@ -359,26 +359,23 @@ def _check_types(values: Optional[List[str]], allowed: Sequence[str], key: str) 
 
 @dataclass
 class TableConstraintConfig:
-    """Per-table planner constraints (TorchRec ``ParameterConstraints``), ``sharding.constraints.<table>.*``.
-
-    Fields (null: the table follows the preset / the planner):
-        sharding_types: sharding types the planner may pick for this table.
-        compute_kernels: compute kernels the planner may pick (``fused``: weights in HBM on GPU, host memory on
-            CPU; ``fused_uvm``: weights in host memory via UVM; ``fused_uvm_caching``: host memory with an HBM
-            cache; ``dense``: data_parallel only).
-        min_partition: column shard width for column_wise / table_column_wise / grid_shard, in columns; must be a
-            multiple of 4 that divides ``model.embedding_dim``.
-        pooling_factors: mean ids per sample of the table's feature (default: its ``model.multi_hot_sizes``
-            entry with ``data.multi_hot``, else 1); the planner's cost model only.
-        num_poolings / batch_sizes: TorchRec's per-feature pooling count and batch size hints (rarely needed).
-    """
+    """Per-table planner constraints (TorchRec ``ParameterConstraints``): ``sharding.constraints.<table>.*``, e.g.
+    ``+sharding.constraints.t_cat_0.sharding_types=[row_wise]``. Null: the table follows the preset."""
 
     sharding_types: Optional[List[str]] = None
+    """Sharding types the planner may pick for this table."""
     compute_kernels: Optional[List[str]] = None
+    """Compute kernels the planner may pick: ``fused`` (weights in HBM on GPU), ``fused_uvm`` (host memory),
+    ``fused_uvm_caching`` (host memory with an HBM cache), ``dense`` (data_parallel only)."""
     min_partition: Optional[int] = None
+    """Column shard width for column_wise / table_column_wise / grid_shard: a multiple of 4 dividing the dim."""
     pooling_factors: Optional[List[float]] = None
+    """Mean ids per sample of the table's feature, for the planner's cost model (default: its
+    ``model.multi_hot_sizes`` entry with ``data.multi_hot``, else 1)."""
     num_poolings: Optional[List[float]] = None
+    """TorchRec's per-feature pooling count hint (rarely needed)."""
     batch_sizes: Optional[List[int]] = None
+    """TorchRec's per-feature batch size hint (rarely needed)."""
 
     def validate(self, prefix: str) -> None:
         _check_types(self.sharding_types, SHARDING_TYPES, f"{prefix}.sharding_types")
@@ -397,42 +394,39 @@ class TableConstraintConfig:
 
 @dataclass
 class ShardingConfig:
-    """How the TorchRec planner places embedding tables (``dlrm/sharding.py``; docs/sharding.md).
-
-    Fields:
-        name: the preset: ``auto`` lets the planner choose among every sharding type the backend supports;
-            ``table_wise``, ``row_wise``, ``column_wise``, ``table_row_wise``, ``data_parallel``,
-            ``grid_shard`` force that type on every table (per-table ``constraints`` still override).
-        sharding_types: the sharding types of the preset (null: all); set by the ``conf/sharding`` files.
-        compute_kernel: kernel of every table (null: the planner chooses; ``dense`` only with data_parallel).
-        min_partition: column shard width for every column-split table (null: TorchRec's 128, capped at the dim).
-        constraints: per-table overrides keyed by table name (``t_cat_0`` .. ``t_cat_25``), see
-            :class:`TableConstraintConfig`; add one with ``+sharding.constraints.t_cat_0.sharding_types=[row_wise]``.
-        storage_reservation: fraction of device memory the planner keeps free for activations (TorchRec
-            ``HeuristicalStorageReservation``; the MLPerf reference uses 0.05).
-        hbm_cap_gb: device memory per rank the planner may use, in GiB (null: the device's real capacity on
-            CUDA; required when planning for CUDA on a machine without one).
-        ddr_cap_gb: host memory per rank, in GiB (null: this host's RAM / local world size).
-        plan_path: a ``plan.json`` written by an earlier run or by ``python -m dlrm.plan``; it is used exactly
-            (no planning) after checking it matches the model, world size and device.
-        data_parallel_max_rows: tables with at most this many rows (after ``model.row_cap``) are data_parallel:
-            replicated on every rank, their pooled embeddings never enter the output dist's all-to-all, and their
-            gradients are all-reduced with the dense ones (the hybrid placement of NVIDIA HugeCTR's MLPerf DLRM,
-            which keeps its frequent embeddings data-parallel). A table's own ``constraints`` entry with
-            ``sharding_types`` wins. Such tables need fp32 weights (``perf.embedding_dtype``). null: off.
-    """
+    """How the TorchRec planner places the embedding tables (``sharding=<preset>``; ``dlrm/sharding.py``,
+    docs/sharding.md)."""
 
     name: str = "auto"
+    """The preset: ``auto`` lets the planner choose among every sharding type the backend runs; ``table_wise``,
+    ``row_wise``, ``column_wise``, ``table_row_wise``, ``data_parallel`` and ``grid_shard`` force that type on
+    every table (per-table constraints still override)."""
     sharding_types: Optional[List[str]] = None
+    """The sharding types the planner may use for every table (null: all); set by the ``conf/sharding`` files."""
     compute_kernel: Optional[str] = None
+    """Kernel of every table: ``fused``, ``fused_uvm``, ``fused_uvm_caching`` (GPU), ``dense`` (data_parallel);
+    null: the planner chooses."""
     min_partition: Optional[int] = None
+    """Column shard width for every column-split table (null: TorchRec's 128, capped at the dim)."""
     # Typed per entry in __post_init__: OmegaConf cannot add keys to a Dict[str, <dataclass>] from the command line.
     constraints: Dict[str, Any] = field(default_factory=dict)
+    """Per-table overrides keyed by table name (``t_cat_0`` .. ``t_cat_25``); the fields of
+    ``sharding.constraints.<table>`` below."""
     storage_reservation: float = 0.05
+    """Fraction of device memory the planner keeps free for activations and the dense model (TorchRec
+    ``HeuristicalStorageReservation``; the MLPerf reference uses 0.05)."""
     hbm_cap_gb: Optional[float] = None
+    """Device memory per rank the planner may use, in GiB (null: the device's capacity; required to plan for
+    CUDA on a machine without a GPU)."""
     ddr_cap_gb: Optional[float] = None
+    """Host memory per rank, in GiB (null: this host's RAM / local world size)."""
     plan_path: Optional[str] = None
+    """A ``plan.json`` (written by a run or by ``python -m dlrm.plan``) used exactly, without planning, after
+    checking that it matches the model, world size and device."""
     data_parallel_max_rows: Optional[int] = None
+    """Tables of at most this many rows (after ``model.row_cap``) are data_parallel: replicated, their pooled
+    embeddings skip the output dist, their gradients join DDP's all-reduce (HugeCTR's hybrid placement). A
+    table's own ``sharding_types`` wins; needs fp32 tables. Null: off."""
 
     def __post_init__(self) -> None:
         _check(
@@ -485,34 +479,21 @@ class ShardingConfig:
 
 @dataclass
 class PipelineConfig:
-    """The training loop driver (``dlrm/pipeline.py`` builds it).
-
-    Fields:
-        name: ``sparse_dist`` (TorchRec ``TrainPipelineSparseDist``: batch i+1's host-to-device copy and KJT
-            input dist overlap batch i), ``fused_sparse_dist`` (``TrainPipelineFusedSparseDist``: also starts batch
-            i+1's embedding lookup and output dist while batch i's dense optimizer steps; same numerics; needs
-            CUDA), ``semi_sync`` (``TrainPipelineSemiSync``: batch i+1's lookup and output-dist all-to-all run
-            beside batch i's dense backward; each lookup reads the tables one update stale; needs CUDA),
-            ``prefetch`` (``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
-            ``fused_uvm_caching`` HBM cache on its own stream; needs CUDA) or ``base`` (``TrainPipelineBase``: no
-            overlap, for debugging).
-        input_dist_group: ``shared`` sends the input dist's all-to-alls on the default process group;
-            ``dedicated`` on one extra group over the same ranks created at start-up (its own NCCL communicator and
-            stream, so the next batch's keys do not queue behind this step's output dist, backward all-to-all and
-            DDP all-reduce; ``dlrm/comms.py``).
-        input_dist_max_ctas: with ``input_dist_group=dedicated``, the most CUDA thread blocks (SMs) NCCL may use
-            for that group's all-to-alls (NCCL ``ncclConfig_t.maxCTAs``); null: NCCL's choice. The input dist
-            moves little data (the ids: 4-8 bytes each), and its kernels run beside the step's compute and
-            collectives, where every thread block they hold is one SM less for those. NCCL only.
-        semi_sync_start_batch: with ``semi_sync``, the batch (counted from the pipeline's start, 0-based) from
-            which lookups run ahead; the batches before it train synchronously, each ending with a device
-            synchronize (TorchRec's ``start_batch``; TorchRec's default is 900, to let early training settle).
-    """
+    """The training loop driver, one of TorchRec's pipelines (``pipeline=<name>``; ``dlrm/pipeline.py``)."""
 
     name: str = "sparse_dist"
+    """``sparse_dist`` (``TrainPipelineSparseDist``: batch i+1's host-to-device copy and KJT input dist overlap
+    batch i), ``fused_sparse_dist`` (also batch i+1's lookup and output dist beside batch i's dense optimizer;
+    CUDA), ``semi_sync`` (batch i+1's lookup and output dist beside batch i's dense backward, reading the tables
+    one update stale; CUDA), ``prefetch`` (also prefetches ``fused_uvm_caching`` rows on their own stream; CUDA)
+    or ``base`` (``TrainPipelineBase``: no overlap, for debugging)."""
     input_dist_group: str = "shared"
-    input_dist_max_ctas: Optional[int] = None
+    """``shared``: the input dist's KJT all-to-alls run on the default process group; ``dedicated``: on one extra
+    group over the same ranks (its own NCCL communicator and stream), so the next batch's ids do not queue behind
+    this step's output dist, backward all-to-all and all-reduce (``dlrm/comms.py``)."""
     semi_sync_start_batch: int = 0
+    """``semi_sync``: the batches before this one train synchronously (TorchRec's ``start_batch``; its default
+    is 900)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -531,160 +512,63 @@ class PipelineConfig:
             "pipeline.input_dist_group",
             f"got {self.input_dist_group!r}; use shared or dedicated",
         )
-        _check(
-            self.input_dist_max_ctas is None or self.input_dist_max_ctas >= 1,
-            "pipeline.input_dist_max_ctas",
-            f"got {self.input_dist_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice",
-        )
-        _check(
-            self.input_dist_max_ctas is None or self.input_dist_group == "dedicated",
-            "pipeline.input_dist_max_ctas",
-            "sets the dedicated input-dist group's NCCL communicator (CUDA runs only) and has no effect while "
-            "pipeline.input_dist_group=shared; add pipeline.input_dist_group=dedicated, or drop it on CPU",
-        )
 
 
 @dataclass
 class PerfConfig:
-    """Speed levers (issue 9; ``conf/perf/*.yaml``). ``perf=fp32`` (default) keeps the reference numerics;
-    ``perf=fast`` turns on the levers measured in ``bench/throughput.py`` / docs/benchmarks.md.
-
-    Fields:
-        name: label of the preset (logged; ``fp32``, ``fast`` or your own).
-        embedding_dtype: TBE weight precision of the tables: ``fp32``, ``fp16`` or ``bf16`` (the tables'
-            ``EmbeddingBagConfig.data_type``; the planner counts 2 bytes per element). FBGEMM keeps the Adagrad
-            state in fp32 and rounds fp16/bf16 updates stochastically. Fused kernels only: ``sharding=auto`` keeps
-            such tables off data_parallel, and a table forced data_parallel is refused at plan time when this is
-            not fp32 (a dense optimizer would step fp16 weights).
-        embedding_output_dtype: dtype of the pooled embeddings (TBE ``output_dtype`` fused param), and so of the
-            output dist's all-to-all and the gradients sent back: ``fp32``, ``fp16`` or ``bf16``.
-        allreduce_dtype: precision of the DDP all-reduce of the dense gradients (and of data_parallel tables):
-            ``fp32`` (default, exact), ``bf16`` or ``fp16`` (TorchRec's ``DefaultDataParallelWrapper``
-            ``allreduce_comm_precision``: PyTorch's ``bf16_compress_hook`` / ``fp16_compress_hook`` cast each
-            gradient bucket, divided by the world size, to 16 bits, all-reduce it, and copy the sum back into the
-            fp32 gradient). Halves the all-reduce bytes; no effect on one rank (no hook is registered there).
-            bf16 needs CUDA and NCCL (refused on CPU); fp16 also runs on gloo.
-        allreduce_group: ``shared`` (default: DDP all-reduces on the default process group, the one the sharded
-            modules' all-to-alls use) or ``dedicated`` (one extra process group over the same ranks, created at
-            start-up: its own NCCL communicator and stream, so the backward all-to-all of the pooled embeddings and
-            the TBE backward do not wait behind the all-reduce; ``dlrm/comms.py``). Same numerics. No effect on one
-            rank. Not faster with ``perf=fast`` on 2x H200 (docs/benchmarks.md).
-        allreduce_max_ctas: with ``allreduce_group=dedicated``, the most CUDA thread blocks (SMs) NCCL may use for
-            that group's all-reduce (NCCL ``ncclConfig_t.maxCTAs``); null: NCCL's choice. Fewer leave more SMs to
-            the backward all-to-all and the TBE backward running beside it; the all-reduce then takes longer.
-            NCCL only (refused on CPU).
-        tbe_bounds_check: FBGEMM's per-batch check of every id against its table's rows, a kernel of its own in
-            each lookup (``BoundsCheckMode``): ``warning`` (FBGEMM's default: an out-of-range id is looked up as
-            row 0 and a warning logged), ``fatal`` (the step fails) or ``none`` (no check: 0.2 ms less per step
-            at batch 32768 on an H200, docs/benchmarks.md). ``none`` relies on the ids being in range, which every
-            loader here guarantees before a batch is built: TSV categories are hashed modulo the table's rows,
-            binary days are range-checked on load, synthetic ids are drawn below the rows. Feed your own KJTs
-            with ``none`` only if they hold the same guarantee: an out-of-range id then reads or updates memory
-            outside the table.
-        autocast: ``none``, ``bf16`` or ``fp16``: run the dense arch, the interaction (DCN) and the over arch
-            under ``torch.autocast`` (weights stay fp32; the loss is computed in fp32 from fp32 logits).
-        dcn_residual_dtype: dtype of the DCN's residual stream under ``autocast`` (each cross layer's
-            ``x_{l+1} = x_0 * (W (V x_l) + b) + x_l`` and its gradient, ``[B, 27 * 128]`` for MLPerf): ``fp32``
-            (TorchRec's ``LowRankCrossNet``: its fp32 bias promotes every layer's output, and so the elementwise
-            work and memory traffic of the cross layers forward and backward, to fp32) or ``autocast`` (the bias
-            and ``x_0`` are cast to the products' dtype, so the stream stays in the autocast dtype:
-            :class:`dlrm.model.AutocastLowRankCrossNet`; parameters stay fp32 and keep their names). ``autocast``
-            needs ``perf.autocast`` on and ``model.interaction=dcn`` (refused otherwise). Without autocast both
-            compute the same values bit for bit. ``perf=fast`` uses ``autocast``: on H200 at batch 32768 it saved
-            0.52 ms per step on one GPU with the step split at DDP's buckets, and with one graph 0.12 ms on one GPU
-            and 0.26 ms on two; validation AUC within 0.002 of fp32 over 3 seeds on the synthetic and Kaggle data
-            (docs/benchmarks.md, seventh session).
-        tf32: allow TF32 matrix products for fp32 work on CUDA (``torch.backends.cuda.matmul.allow_tf32``;
-            MLPerf reference: on). Ignored on CPU.
-        compile: ``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph (split
-            at DDP's gradient buckets unless ``compile_ddp_split`` is false)
-            (``dlrm.model.compile_dense``; the modules are not wrapped, so parameter names and checkpoints are
-            unchanged). The first steps and every new batch size compile (tens of seconds).
-        coordinate_descent_tuning: with ``compile``, Inductor's ``coordinate_descent_tuning`` (a process-wide
-            Inductor setting): the block sizes of the generated triton kernels are tuned while compiling, which
-            makes the first steps slower. No consistent gain on 2x H200 (seventh session: 13.83 and 13.95 against
-            13.90-14.13 ms/step).
-        compile_mode: ``torch.compile`` mode: ``default`` or ``max-autotune-no-cudagraphs`` (Inductor benchmarks
-            triton matrix-product templates against cuBLAS while compiling: on one H200 the first steps took about
-            4.5 min, with many "No valid triton configs" errors logged, for 11.77 against 11.99 ms/step; not in
-            ``perf=fast``). The CUDA-graph
-            modes (``reduce-overhead``, ``max-autotune``) are refused: at batch 32768 on H200 they were not faster
-            (fifth session: 13.07 against 12.95 ms/step on one GPU, 15.06 against 15.04 on two; seventh, with one
-            graph: 13.91 against 13.90 on two), and the trainer's
-            run with them, which failed at validation before the step's outputs were copied out of the graphs'
-            reused buffers ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"),
-            has not been re-tested since (docs/benchmarks.md).
-        compile_ddp_split: with ``compile``, let dynamo's DDPOptimizer split the compiled dense step at DDP's
-            gradient buckets (``torch._dynamo.config.optimize_ddp``, a process-wide dynamo setting; true is
-            PyTorch's default), so each bucket's all-reduce can start while the rest of the dense backward runs.
-            false: one graph, forward and backward, and the all-reduces start after the whole dense backward
-            (Inductor fuses across the bucket boundaries, and there are fewer graph calls per step). On H200 at
-            batch 32768, false was 0.55 ms per step faster on two GPUs and 0.65 ms on one (seventh session,
-            docs/benchmarks.md); ``perf=fast`` sets false.
-        ddp_bucket_cap_mb: DDP's gradient bucket size in MiB (TorchRec ``DefaultDataParallelWrapper``
-            ``bucket_cap_mb``; 25 is TorchRec's and PyTorch's default). Larger buckets mean fewer, larger
-            all-reduces (and, with ``compile_ddp_split``, fewer graph pieces). The MLPerf DLRM-v2 dense side holds
-            about 61 MiB of fp32 gradients (16 M parameters). Same numerics. On 2x H200: 100 MiB was 0.1 ms per
-            step faster than 25 with one graph (seventh session). The sixth session's figures timed DDP's reducer
-            only, with the compiled step still split at 25 MiB: 100 MiB within each host's spread, 8 MiB 1.0-1.2
-            ms slower on one noisy host (docs/benchmarks.md). ``perf=fast`` sets 100.
-        lean_output_dist: send the pooled embeddings of table_wise and column_wise tables (table_row_wise and
-            grid_shard: their all-to-all across hosts; row_wise uses a reduce-scatter, untouched) in the output
-            dist's all-to-all, forward and backward, without TorchRec's extra passes over them
-            (``dlrm/output_dist.py``): no staging copy before each forward all-to-all. When every table is
-            table_wise, the pooled embeddings are handed over as received: the sparse arch gathers the features from
-            the rank blocks inside the compiled dense step, whose backward writes the gradient straight in the send
-            layout, divided by the world size (no ``cat`` forward, no regrouping pass backward). Other plans
-            regroup and divide the gradient in one pass instead of four. Same collectives, same values bit for bit
-            (CPU tests against TorchRec's). On 2x H200 with the rest of ``perf=fast``: 0.23-0.34 ms per step faster
-            with the regrouping pass, 0.56-0.62 ms with the rank blocks (ninth session, docs/benchmarks.md);
-            ``perf=fast`` sets true. No effect on one rank.
-        allreduce_after_output_dist: with ``lean_output_dist``, hold DDP's all-reduce of the dense gradients
-            until the backward all-to-alls of the pooled embeddings are issued, so that it runs beside the TBE
-            backward instead of ahead of the all-to-all on the shared communicator
-            (:class:`dlrm.comms.AllReduceAfterOutputDist`). Same gradients bit for bit. 0.16-0.17 ms per step
-            faster on 2x H200 (ninth session); ``perf=fast`` sets true. Needs ``allreduce_dtype=fp32`` and
-            ``allreduce_group=shared``. No effect on one rank.
-    """
+    """Speed levers (``perf=<preset>``; ``dlrm/perf.py``). ``perf=fp32`` (the schema's defaults) keeps the
+    reference numerics; ``perf=fast`` sets the combination measured fastest on H200 (docs/performance.md)."""
 
     name: str = "fp32"
+    """Label of the preset (logged): ``fp32``, ``fast`` or your own."""
     embedding_dtype: str = "fp32"
+    """Table weights: ``fp32``, ``fp16`` or ``bf16`` (bf16: CUDA only). Half precision halves table memory;
+    FBGEMM keeps the Adagrad state in fp32 and rounds updates stochastically. Not for data_parallel tables."""
     embedding_output_dtype: str = "fp32"
+    """Pooled embeddings (TBE ``output_dtype``), and so the output dist's all-to-all and the gradients sent
+    back: ``fp32``, ``fp16`` or ``bf16`` (bf16: CUDA only). Under autocast: fp32 or the autocast dtype."""
     allreduce_dtype: str = "fp32"
-    allreduce_group: str = "shared"
-    allreduce_max_ctas: Optional[int] = None
+    """DDP all-reduce of the dense gradients: ``fp32`` (exact), ``bf16`` (CUDA and NCCL) or ``fp16``
+    (PyTorch's compress hooks, through TorchRec's ``allreduce_comm_precision``); no effect on one rank."""
     tbe_bounds_check: str = "warning"
+    """FBGEMM's per-batch check of every id against its table's rows: ``warning`` (FBGEMM's default: an
+    out-of-range id is looked up as row 0 and a warning logged), ``fatal`` (the step fails) or ``none`` (no
+    check; every loader here keeps ids in range; keep a check for KJTs of your own)."""
     autocast: str = "none"
+    """``none``, ``bf16`` or ``fp16``: ``torch.autocast`` around the dense arch, the interaction and the over
+    arch (weights stay fp32; the loss is computed in fp32 from fp32 logits)."""
     dcn_residual_dtype: str = "fp32"
+    """The DCN's residual stream under autocast: ``fp32`` (TorchRec's ``LowRankCrossNet``, whose fp32 bias
+    promotes every layer's output) or ``autocast`` (bias and ``x_0`` cast to the products' dtype:
+    ``dlrm.model.AutocastLowRankCrossNet``; same parameters). Needs ``perf.autocast`` and ``model.interaction=dcn``."""
     tf32: bool = True
+    """Allow TF32 matrix products for fp32 work on CUDA (MLPerf reference: on); ignored on CPU."""
     compile: bool = False
+    """``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph (the modules
+    are not wrapped: parameter names and checkpoints are unchanged); each new batch size compiles once."""
     compile_mode: str = "default"
-    coordinate_descent_tuning: bool = False
+    """``default`` or ``max-autotune-no-cudagraphs`` (Inductor benchmarks matrix-product templates while
+    compiling: minutes of compile for a small gain)."""
     compile_ddp_split: bool = True
+    """With ``compile`` under DDP: let dynamo split the compiled step at DDP's gradient buckets
+    (``torch._dynamo.config.optimize_ddp``, PyTorch's default) so each bucket's all-reduce starts during the
+    backward; false compiles one graph."""
     ddp_bucket_cap_mb: int = 25
+    """DDP's gradient bucket size in MiB (25: PyTorch's and TorchRec's default); the MLPerf dense side holds
+    61 MiB of fp32 gradients."""
     lean_output_dist: bool = False
+    """Send the pooled embeddings of table_wise and column_wise tables (table_row_wise, grid_shard: across
+    hosts) without TorchRec's staging copy; with every table table_wise, hand them over as received and gather
+    them inside the compiled dense step (``dlrm/output_dist.py``). Same values bit for bit; several ranks only."""
     allreduce_after_output_dist: bool = False
+    """With ``lean_output_dist``: hold DDP's all-reduce until the backward all-to-alls of the pooled embeddings
+    are issued, so it runs beside the TBE backward (``dlrm.comms.AllReduceAfterOutputDist``). Needs an fp32
+    all-reduce; several ranks only."""
 
     def __post_init__(self) -> None:
         for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
             v = getattr(self, key)
             _check(v in ("fp32", "fp16", "bf16"), f"perf.{key}", f"got {v!r}; use fp32, fp16 or bf16")
-        _check(
-            self.allreduce_group in ("shared", "dedicated"),
-            "perf.allreduce_group",
-            f"got {self.allreduce_group!r}; use shared or dedicated",
-        )
-        _check(
-            self.allreduce_max_ctas is None or self.allreduce_max_ctas >= 1,
-            "perf.allreduce_max_ctas",
-            f"got {self.allreduce_max_ctas}; use a count of thread blocks >= 1, or null for NCCL's choice",
-        )
-        _check(
-            self.allreduce_max_ctas is None or self.allreduce_group == "dedicated",
-            "perf.allreduce_max_ctas",
-            "sets the dedicated all-reduce group's NCCL communicator (CUDA runs only) and has no effect "
-            "while perf.allreduce_group=shared; add perf.allreduce_group=dedicated, or drop it on CPU",
-        )
         if self.allreduce_after_output_dist:
             _check(
                 self.lean_output_dist,
@@ -693,11 +577,11 @@ class PerfConfig:
                 "perf.lean_output_dist=true, or set perf.allreduce_after_output_dist=false",
             )
             _check(
-                self.allreduce_dtype == "fp32" and self.allreduce_group == "shared",
+                self.allreduce_dtype == "fp32",
                 "perf.allreduce_after_output_dist",
-                "issues DDP's fp32 all-reduce (PyTorch's default hook) on the shared group; with "
-                f"perf.allreduce_dtype={self.allreduce_dtype} and perf.allreduce_group={self.allreduce_group} set "
-                "perf.allreduce_after_output_dist=false (or use fp32 and shared)",
+                "issues DDP's fp32 all-reduce (PyTorch's default hook); with "
+                f"perf.allreduce_dtype={self.allreduce_dtype} set perf.allreduce_after_output_dist=false (or use "
+                "perf.allreduce_dtype=fp32)",
             )
         _check(
             self.tbe_bounds_check in ("warning", "fatal", "none"),
@@ -727,9 +611,8 @@ class PerfConfig:
         _check(
             self.compile_mode not in ("reduce-overhead", "max-autotune"),
             "perf.compile_mode",
-            f"{self.compile_mode} captures CUDA graphs: not faster on H200, and the trainer's validation with "
-            f"them is not re-tested since it failed (docs/benchmarks.md); use default or "
-            f"max-autotune-no-cudagraphs",
+            f"{self.compile_mode} captures CUDA graphs, which the trainer does not run (not faster on H200: "
+            f"docs/performance.md); use default or max-autotune-no-cudagraphs",
         )
         modes = ("default", "max-autotune-no-cudagraphs")
         _check(self.compile_mode in modes, "perf.compile_mode", f"got {self.compile_mode!r}; use one of {modes}")
@@ -737,11 +620,6 @@ class PerfConfig:
             self.compile or self.compile_mode == "default",
             "perf.compile_mode",
             f"{self.compile_mode} has no effect while perf.compile=false; add perf.compile=true",
-        )
-        _check(
-            self.compile or not self.coordinate_descent_tuning,
-            "perf.coordinate_descent_tuning",
-            "tunes compiled kernels and has no effect while perf.compile=false; add perf.compile=true",
         )
         _check(
             self.compile or self.compile_ddp_split,
@@ -757,26 +635,22 @@ class PerfConfig:
 
 @dataclass
 class OffloadConfig:
-    """Embedding tables in host memory (``dlrm/offload.py``), through planner constraints on the compute kernel.
-
-    Fields:
-        name: ``none`` (the planner decides; tables in HBM when they fit), ``uvm`` (``fused_uvm``: the table in
-            host memory, read over the bus by the TBE kernels) or ``uvm_caching`` (``fused_uvm_caching``: the table
-            in host memory plus an HBM cache of ``cache_load_factor`` x its rows; needs ``pipeline=prefetch`` so
-            batch i+1's rows are fetched into the cache on their own stream during batch i). Both need CUDA to train.
-        min_table_rows: offload only tables with at least this many rows (0: every table).
-        min_table_mb: offload only tables whose fp32 weights take at least this many MiB (0: no byte threshold);
-            a table must pass both thresholds.
-        cache_load_factor: HBM cache size as a fraction of the table's rows (FBGEMM ``cache_load_factor``;
-            ``uvm_caching`` only).
-        cache_algorithm: ``lru`` or ``lfu`` (FBGEMM ``CacheAlgorithm``; ``uvm_caching`` only).
-    """
+    """Embedding tables in host memory (``offload=none|uvm|uvm_caching``; ``dlrm/offload.py``), through planner
+    constraints on the compute kernel. Training needs CUDA; plans accept it anywhere."""
 
     name: str = "none"
+    """``none`` (tables where the planner puts them), ``uvm`` (``fused_uvm``: tables in host memory, read over
+    the bus by the TBE) or ``uvm_caching`` (``fused_uvm_caching``: host memory plus an HBM cache; needs
+    ``pipeline=prefetch``)."""
     min_table_rows: int = 0
+    """Offload only tables with at least this many rows (0: every table)."""
     min_table_mb: float = 0.0
+    """Offload only tables whose fp32 weights take at least this many MiB (0: no threshold); a table must pass
+    both thresholds."""
     cache_load_factor: float = 0.2
+    """``uvm_caching``: HBM cache rows as a fraction of the table's rows (FBGEMM ``cache_load_factor``)."""
     cache_algorithm: str = "lru"
+    """``uvm_caching``: ``lru`` or ``lfu`` (FBGEMM ``CacheAlgorithm``)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -796,36 +670,39 @@ class OffloadConfig:
 
 @dataclass
 class StdoutSink:
-    """One dense line per logged step and per validation on rank 0.
-
-    Fields:
-        enabled: print lines.
-        progress_bar: null (auto) shows a tqdm bar with ETA when stdout is a terminal, plain lines otherwise;
-            true / false force it.
-    """
+    """One line per logged step and per evaluation on rank 0 (``logger=[stdout,...]``)."""
 
     enabled: bool = False
+    """Print the lines (set by listing ``stdout`` in ``logger``)."""
     progress_bar: Optional[bool] = None
+    """null: a tqdm bar with ETA when stdout is a terminal, plain lines otherwise; true / false force it."""
 
 
 @dataclass
 class TensorBoardSink:
-    """TensorBoard event files under ``<run_dir>/<dir>`` (``tensorboard --logdir <run_dir>``)."""
+    """TensorBoard event files (``tensorboard --logdir <run_dir>``)."""
 
     enabled: bool = False
+    """Write event files (set by listing ``tensorboard`` in ``logger``)."""
     dir: str = "tensorboard"
+    """Directory under the run directory."""
 
 
 @dataclass
 class WandbSink:
-    """Weights & Biases. ``mode``: ``online``, ``offline`` (no network; ``wandb sync`` later) or null (the
-    ``WANDB_MODE`` environment variable, else online). Files go under ``<run_dir>/wandb``."""
+    """Weights & Biases; files go under ``<run_dir>/wandb``."""
 
     enabled: bool = False
+    """Log to W&B (set by listing ``wandb`` in ``logger``)."""
     project: str = "dlrm-v2"
+    """W&B project."""
     entity: Optional[str] = None
+    """W&B entity (null: your default)."""
     name: Optional[str] = None
+    """Run name (null: W&B's)."""
     mode: Optional[str] = None
+    """``online``, ``offline`` (no network; ``wandb sync`` later), ``disabled`` or null (the ``WANDB_MODE``
+    environment variable, else online)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -837,14 +714,20 @@ class WandbSink:
 
 @dataclass
 class MlperfSink:
-    """MLPerf ``mllog`` lines (``mlperf-logging`` package) for ``dlrm_dcnv2`` in ``<run_dir>/<file>``."""
+    """MLPerf ``mllog`` lines for ``dlrm_dcnv2`` (``mlperf-logging`` package)."""
 
     enabled: bool = False
+    """Write the log (set by listing ``mlperf`` in ``logger``)."""
     file: str = "mlperf.log"
+    """File under the run directory."""
     submission_org: str = "reference"
+    """``submission_org`` of the log."""
     submission_platform: str = "unknown"
+    """``submission_platform`` of the log."""
     submission_division: str = "open"
+    """``open`` or ``closed`` (closed also needs MLPerf's data: 89,137,319 evaluation samples)."""
     submission_status: str = "research"
+    """``submission_status`` of the log."""
 
     def __post_init__(self) -> None:
         _check(
@@ -854,18 +737,13 @@ class MlperfSink:
 
 @dataclass
 class LoggerConfig:
-    """Where metrics go. ``metrics.jsonl`` (one JSON object per logged step and per evaluation) and
-    ``config.yaml`` are always written to the run directory by rank 0; every sink runs on rank 0 only.
-
-    Pick sinks as a list: ``logger=[stdout,tensorboard,wandb]`` (each file in ``conf/logger/`` turns one on).
-
-    Fields:
-        log_every_n_steps: one record per this many steps (and the last step).
-        train_auc: compute a windowed training AUC over each logging window (histogram method).
-    """
+    """Where metrics go (``logger=[stdout,jsonl,tensorboard,wandb,mlperf]``, any subset). ``metrics.jsonl`` and
+    ``config.yaml`` are always written to the run directory; every sink runs on rank 0 only."""
 
     log_every_n_steps: int = 20
+    """One record per this many steps (and the last step)."""
     train_auc: bool = True
+    """Compute a windowed training AUC over each logging window (histogram method)."""
     stdout: StdoutSink = field(default_factory=StdoutSink)
     tensorboard: TensorBoardSink = field(default_factory=TensorBoardSink)
     wandb: WandbSink = field(default_factory=WandbSink)
@@ -877,19 +755,15 @@ class LoggerConfig:
 
 @dataclass
 class TrainerConfig:
-    """Fields:
-    epochs: passes over the training split.
-    max_steps: stop after this many optimizer steps (null: run all epochs).
-    on_nonfinite: a NaN or inf training loss ``stop``s the run (the default) with the step, the batch's
-        position in its file and the last finite metrics. ``skip_batch`` also drops, without stopping, batches
-        whose inputs (dense features, labels) are not finite: their loss is multiplied by 0 on the device, so
-        they leave weights and optimizer state unchanged; a non-finite loss from finite inputs (divergence)
-        still stops the run, since the update has already been applied by the fused optimizer.
-    """
+    """How long to train and what to do with a non-finite loss."""
 
     epochs: int = 1
+    """Passes over the training split."""
     max_steps: Optional[int] = None
+    """Stop after this many optimizer steps (null: all epochs)."""
     on_nonfinite: str = "stop"
+    """``stop``: a NaN or inf loss ends the run, naming the step, the batch's rows and the last finite metrics.
+    ``skip_batch``: also drop batches whose inputs are not finite (their update is zeroed on the device)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -903,25 +777,22 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    """Fields:
-    every_n_steps: validate every this many steps (null: see ``per_epoch``).
-    per_epoch: validate this many times per epoch, every ``floor(steps_per_epoch / per_epoch)`` steps (MLPerf:
-        20, i.e. every floor(train samples / (global batch x 20)) steps). Exclusive with ``every_n_steps``.
-    at_end: validate after the last step; the test split (if any) is scored once, at the end.
-    batch_size: per-rank evaluation batch (null: ``data.batch_size``).
-    target_auc: stop training once validation AUC reaches this (MLPerf: 0.80275); null: never.
-    auc_method: ``exact`` gathers all predictions to every rank (equals sklearn; memory O(rows));
-        ``histogram`` counts predictions per float32 bucket of relative width 2^-13 and all-reduces 16 MB of
-        counts (error <= 1e-4 against sklearn, tested; bounded memory for MLPerf's 89 M rows); ``auto``: exact
-        up to 16 M evaluation rows, histogram above.
-    """
+    """Validation during training, the stop target and the AUC method."""
 
     every_n_steps: Optional[int] = None
+    """Validate every this many steps (null: see ``eval.per_epoch``)."""
     per_epoch: Optional[int] = None
+    """Validate this many times per epoch, every ``floor(steps_per_epoch / per_epoch)`` steps (MLPerf: 20);
+    exclusive with ``eval.every_n_steps``."""
     at_end: bool = True
+    """Validate after the last step; the test split, if any, is scored at the end either way."""
     batch_size: Optional[int] = None
+    """Per-rank evaluation batch (null: ``data.batch_size``)."""
     target_auc: Optional[float] = None
+    """Stop once validation AUC reaches this (MLPerf: 0.80275); null: never."""
     auc_method: str = "auto"
+    """``exact`` (every prediction gathered; equals sklearn), ``histogram`` (16 MB of counts per rank, error
+    <= 1e-4) or ``auto`` (exact up to 16 M evaluation rows)."""
 
     def __post_init__(self) -> None:
         _check(self.every_n_steps is None or self.every_n_steps > 0, "eval.every_n_steps", "must be positive or null")
@@ -942,26 +813,21 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Sharded checkpoints (``torch.distributed.checkpoint``), exact resume and preemption (``dlrm/checkpoint.py``).
-
-    Fields:
-        dir: where ``step_<N>/`` checkpoints go (null: ``<run_dir>/checkpoints``). A restart must see the same
-            directory to resume: fix ``hydra.run.dir`` or set this key (Hydra's default run dir is timestamped).
-        every_n_steps: save every this many optimizer steps and after the last step (0: only on SIGTERM).
-        keep_last: keep the newest this many complete checkpoints, delete older ones (null: keep all).
-        resume: ``auto`` continues from the newest complete checkpoint in ``dir`` (a fresh start if there is none),
-            ``none`` always starts fresh, any other value is the path of one ``step_<N>`` directory.
-        async_save: stage the state to host memory and write it in a background thread while training continues
-            (``dcp.async_save``); false writes synchronously.
-        save_on_sigterm: on SIGTERM finish the current step, save, and exit with status 0.
-    """
+    """Sharded ``torch.distributed.checkpoint`` checkpoints, exact resume and preemption (``dlrm/checkpoint.py``)."""
 
     dir: Optional[str] = None
+    """Where ``step_<N>/`` checkpoints go (null: ``<run_dir>/checkpoints``); a restart must see the same one."""
     every_n_steps: int = 0
+    """Save every this many steps and after the last step (0: only on SIGTERM)."""
     keep_last: Optional[int] = 2
+    """Keep the newest this many complete checkpoints (null: all)."""
     resume: str = "auto"
+    """``auto`` (the newest complete checkpoint in ``checkpoint.dir``, else a fresh start), ``none``, or the path
+    of a ``step_<N>`` directory (any world size and plan: DCP reshards)."""
     async_save: bool = True
+    """Stage the state in host memory and write it in a background thread while training continues."""
     save_on_sigterm: bool = True
+    """On SIGTERM finish the current step, save, and exit with status 0."""
 
     def __post_init__(self) -> None:
         _check(self.every_n_steps >= 0, "checkpoint.every_n_steps", "must be >= 0 (0: save only on SIGTERM)")
@@ -975,11 +841,7 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
-    """The whole run. ``device``: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``.
-
-    ``profile=true`` records ``profile_steps`` training steps with ``torch.profiler`` after ``profile_wait_steps``
-    steps (plus one warm-up step), into ``<run_dir>/profile/`` (see ``dlrm/profiling.py``).
-    """
+    """The whole run."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -993,10 +855,16 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
+    """Seed of the model's initialisation and of data shuffling."""
     device: str = "auto"
+    """``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``."""
     profile: bool = False
+    """Record a ``torch.profiler`` trace (``<run_dir>/profile/trace_rank<r>.pt.trace.json``) with ranges for the
+    step's parts."""
     profile_wait_steps: int = 10
+    """``profile``: steps before the trace starts (plus one warm-up step)."""
     profile_steps: int = 5
+    """``profile``: steps recorded."""
 
     def __post_init__(self) -> None:
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"got {self.device!r}; use auto, cpu or cuda")
@@ -1058,19 +926,215 @@ def to_config(cfg: DictConfig | Any) -> Config:
     return obj
 
 
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
 def compose(overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> DictConfig:
     """Compose ``conf/config.yaml`` with Hydra overrides outside a Hydra app (tests, tools).
 
     Returns the composed ``DictConfig`` (Hydra's own ``hydra`` node removed).
     """
-    import os
-
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
-    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+    with initialize_config_dir(config_dir=config_dir or CONF_DIR, version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+# ------------------------------------------------------------------------------------ configuration reference
+def field_docs(schema: type) -> Dict[str, str]:
+    """The docstring beside each field of a schema class (the string literal after its annotation), as one
+    line per field; fields without one (the nested sections) are absent."""
+    tree = ast.parse(inspect.getsource(schema).strip() + "\n")
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out: Dict[str, str] = {}
+    for a, b in zip(body, body[1:]):
+        if (
+            isinstance(a, ast.AnnAssign)
+            and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant)
+            and isinstance(b.value.value, str)
+        ):
+            out[a.target.id] = " ".join(b.value.value.split())
+    return out
+
+
+def _sections() -> List[tuple]:
+    """``(key prefix, schema class)`` for every section of :class:`Config`, in document order."""
+    out: List[tuple] = [("", Config)]
+
+    def walk(prefix: str, schema: type) -> None:
+        for f in dataclasses.fields(schema):
+            sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            if isinstance(sub, type) and dataclasses.is_dataclass(sub):
+                out.append((f"{prefix}{f.name}.", sub))
+                walk(f"{prefix}{f.name}.", sub)
+                if sub is ShardingConfig:
+                    out.append((f"{prefix}{f.name}.constraints.<table>.", TableConstraintConfig))
+
+    walk("", Config)
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        items = [_fmt(v) for v in value]
+        shown = items if len(items) <= 6 else items[:4] + [f"... ({len(items)} values)"]
+        return "[" + ", ".join(shown) + "]"
+    if isinstance(value, dict):
+        return "{}" if not value else "{...}"
+    return str(value)
+
+
+def _md(text: str) -> str:
+    """reST literals (double backquotes) as Markdown code; pipes escaped for a table cell."""
+    return text.replace("``", "`").replace("|", "\\|")
+
+
+def _flat(node: Any, prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in node.items():
+        if isinstance(v, dict) and v and k != "constraints":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _composed(overrides: Sequence[str]) -> Dict[str, Any]:
+    node = OmegaConf.to_container(compose(overrides), resolve=False)
+    assert isinstance(node, dict)
+    node.pop("hydra", None)
+    return _flat(node)
+
+
+def group_options(group: str) -> List[str]:
+    """The option names of a config group: its ``conf/<group>/*.yaml`` files."""
+    return sorted(n[:-5] for n in os.listdir(os.path.join(CONF_DIR, group)) if n.endswith(".yaml"))
+
+
+GROUPS = ("model", "data", "optimizer", "sharding", "pipeline", "offload", "perf", "logger", "experiment")
+_GROUP_DEFAULT = {
+    "model": "dlrm_v2_small",
+    "data": "synthetic",
+    "optimizer": "adagrad",
+    "sharding": "auto",
+    "pipeline": "sparse_dist",
+    "offload": "none",
+    "perf": "fp32",
+    "logger": "[stdout, jsonl]",
+    "experiment": "none",
+}
+
+
+def _yaml_comment(group: str, option: str) -> str:
+    """The first comment paragraph of a group file, as one line."""
+    words: List[str] = []
+    with open(os.path.join(CONF_DIR, group, f"{option}.yaml"), encoding="utf-8") as f:
+        for line in f:
+            s = line.strip()
+            if not s.startswith("#") or s.startswith("# @package"):
+                if words or not s.startswith("# @package"):
+                    break
+                continue
+            text = s.lstrip("#").strip()
+            if not text:
+                break
+            words.append(text)
+    return " ".join(words)
+
+
+def configuration_markdown() -> str:
+    """``docs/configuration.md``: every config key with its default (what ``python train.py`` composes), the
+    values the shipped group options give it, and its docstring from this module."""
+    default = _composed([])
+    by_option: Dict[str, List[str]] = {}
+    for group in GROUPS:
+        if group == "experiment":
+            continue
+        for option in group_options(group):
+            base = ["logger=[]"] if group == "logger" else []
+            ref = _composed(base) if base else default
+            over = _composed([f"logger=[{option}]"] if group == "logger" else [f"{group}={option}"])
+            for key, value in over.items():
+                if key.startswith(f"{group}.") and value != ref.get(key):
+                    by_option.setdefault(key, []).append(
+                        f"`{group}={option}`: `{_fmt(value)}`"
+                        if group != "logger"
+                        else f"`logger=[{option}]`: `{_fmt(value)}`"
+                    )
+    lines = [
+        "# Configuration reference",
+        "",
+        "Every key of the trainer's config, with its default (what `python train.py` composes) and the values the",
+        "shipped config groups give it. Generated from the schema in `dlrm/config.py` (the docstring beside each",
+        "field) and the files in `conf/` by `python -m dlrm.config --markdown docs/configuration.md`; a test fails",
+        "when this file is out of date. Set any key on the command line (`data.batch_size=1024`), pick a group",
+        "option (`perf=fast`), add a per-table constraint with `+` (`+sharding.constraints.t_cat_0.sharding_types=",
+        "[row_wise]`), and print the composed config with `python train.py --cfg job`. Hydra's own keys",
+        "(`hydra.run.dir`, the run directory) are Hydra's.",
+        "",
+        "## Config groups",
+        "",
+        "| option | what it is |",
+        "| --- | --- |",
+    ]
+    for group in GROUPS:
+        d = _GROUP_DEFAULT[group]
+        for o in group_options(group):
+            default_mark = " (default)" if o == d or o in d.strip("[]").split(", ") else ""
+            option = f"`logger=[{o}]`" if group == "logger" else f"`{group}={o}`"
+            lines.append(f"| {option}{default_mark} | {_md(_yaml_comment(group, o))} |")
+    for prefix, schema in _sections():
+        docs = field_docs(schema)
+        title = prefix.rstrip(".") or "top level"
+        lines += [
+            "",
+            f"## `{title}`" if prefix else "## Top-level keys",
+            "",
+            _md(" ".join((inspect.getdoc(schema) or "").split())),
+            "",
+            "| key | default | set by | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
+        for f in dataclasses.fields(schema):
+            if f.name not in docs:
+                continue
+            key = f"{prefix}{f.name}"
+            value = default.get(key) if "<table>" not in prefix else None
+            setby = "; ".join(by_option.get(key, []))
+            lines.append(f"| `{key}` | `{_fmt(value)}` | {setby} | {_md(docs[f.name])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m dlrm.config", description="The trainer's configuration reference.")
+    p.add_argument(
+        "--markdown",
+        metavar="PATH",
+        required=True,
+        help="write the configuration reference (docs/configuration.md) to PATH; - for stdout",
+    )
+    args = p.parse_args(argv)
+    text = configuration_markdown()
+    if args.markdown == "-":
+        print(text, end="")
+    else:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    from dlrm import config as _module  # the importable module, not this __main__ copy of it
+
+    _module.main()

@@ -22,7 +22,8 @@ Every rank computes on the same reduced data, so every rank reports the same val
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+import time
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -180,3 +181,124 @@ class EvalAccumulator:
             "ctr": ctr,
             "samples": int(n),
         }
+
+
+class MetricWindow:
+    """Training outputs since the last log: per-step losses, skip flags, and predictions for the windowed AUC.
+
+    Everything stays on the device until :meth:`reduce`, so logging costs one sync per window, not per step. Its
+    clock counts training time only (:meth:`pause_clock` around evaluations). A checkpoint saves the unlogged
+    window (:meth:`state_dict`), so a resumed run logs the same windows as an uninterrupted one.
+
+    Args:
+        device: where the window's tensors live (the training device).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.hist = AUCHistogram(device)
+        self.restart_clock()
+        self._clear()
+
+    def _clear(self) -> None:
+        self.losses: List[torch.Tensor] = []
+        self.oks: List[torch.Tensor] = []
+        self.logits: List[torch.Tensor] = []
+        self.labels: List[torch.Tensor] = []
+        self.samples = 0
+
+    def restart_clock(self) -> None:
+        """Start timing a new window."""
+        self.t0 = time.perf_counter()
+        self.banked = 0.0
+
+    def pause_clock(self) -> None:
+        """Stop counting time (an evaluation starts); the samples gathered so far keep their time."""
+        self.banked += time.perf_counter() - self.t0
+        self.t0 = float("nan")
+
+    def resume_clock(self) -> None:
+        """Count time again after :meth:`pause_clock`."""
+        self.t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Training seconds in this window, evaluations excluded."""
+        running = time.perf_counter() - self.t0 if self.t0 == self.t0 else 0.0  # NaN while paused
+        return max(self.banked + running, 1e-9)
+
+    def add(
+        self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, ok: Optional[torch.Tensor], samples: int
+    ) -> None:
+        """One step: its loss (scalar), logits and labels ``[B]``, skip flag (bool scalar, None: kept) and the
+        samples it trained over all ranks."""
+        self.losses.append(loss.detach().float().reshape(()))
+        self.oks.append(
+            ok.detach().reshape(()) if ok is not None else torch.ones((), dtype=torch.bool, device=loss.device)
+        )
+        self.logits.append(logits.detach())
+        self.labels.append(labels.detach())
+        self.samples += samples
+
+    def reduce(self, with_auc: bool) -> Dict[str, Any]:
+        """Mean loss over the window's kept steps and all ranks, windowed AUC, the steps (0-based in the
+        window) whose loss is non-finite on any rank, and the steps this rank skipped; then start a new window.
+        Collective when the process group has several ranks."""
+        losses = torch.stack(self.losses)
+        oks = torch.stack(self.oks)
+        finite = torch.isfinite(losses)
+        kept = oks & finite
+        # per step: 1 where the loss is non-finite on this rank; summed over ranks below
+        vec = torch.cat(
+            [
+                torch.where(kept, losses, torch.zeros_like(losses)).sum().reshape(1),
+                kept.float().sum().reshape(1),
+                (~oks).float().sum().reshape(1),
+                ((~finite) & oks).float(),
+            ]
+        ).double()
+        if _dist_on():
+            dist.all_reduce(vec)
+        bad = [i for i, v in enumerate(vec[3:].tolist()) if v > 0]
+        auc = float("nan")
+        if with_auc:
+            self.hist.reset()
+            keep = torch.repeat_interleave(kept, torch.tensor([t.numel() for t in self.logits], device=kept.device))
+            self.hist.update(torch.sigmoid(torch.cat(self.logits).float())[keep], torch.cat(self.labels)[keep])
+            auc = self.hist.compute()
+        out = {
+            "loss": float(vec[0] / vec[1]) if vec[1] > 0 else float("nan"),
+            "auc": auc,
+            "steps": len(self.losses),
+            "samples": self.samples,
+            "elapsed": self.elapsed(),
+            "bad_steps": bad,
+            "skipped": [i for i, ok in enumerate(oks.tolist()) if not ok],
+            "skipped_global": int(vec[2]),
+        }
+        self._clear()
+        self.restart_clock()
+        return out
+
+    def state_dict(self) -> Optional[Dict[str, Any]]:
+        """The unlogged steps on the host (None when the window is empty)."""
+        if not self.losses:
+            return None
+        return {
+            "losses": [t.cpu() for t in self.losses],
+            "oks": [t.cpu() for t in self.oks],
+            "logits": [t.cpu() for t in self.logits],
+            "labels": [t.cpu() for t in self.labels],
+            "samples": self.samples,
+        }
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+        """Put back the steps of :meth:`state_dict` (None: an empty window)."""
+        self._clear()
+        if not state:
+            return
+        dev = self.device
+        self.losses = [t.to(dev) for t in state["losses"]]
+        self.oks = [t.to(dev) for t in state["oks"]]
+        self.logits = [t.to(dev) for t in state["logits"]]
+        self.labels = [t.to(dev) for t in state["labels"]]
+        self.samples = state["samples"]

@@ -18,6 +18,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, SparseArch
 from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
+from dlrm import torchrec_compat as compat
 from dlrm.config import NUM_DENSE_FEATURES, ConfigError, ModelConfig, PerfConfig
 from dlrm.output_dist import RANK_BLOCKS_ATTR, accepting_rank_blocks
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 FEATURE_NAMES: List[str] = [f"cat_{i}" for i in range(26)]
 
 
+META = torch.device("meta")  # where the tables are built: DMP materialises each shard on its owner
 DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16}
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -47,19 +49,13 @@ def table_configs(cfg: ModelConfig, embedding_dtype: str = "fp32") -> List[Embed
     ]
 
 
-def _fx_tracing() -> bool:
-    """True inside ``torch.fx`` symbolic tracing (TorchRec's pipeline traces the model once)."""
-    fx = torch.fx._symbolic_trace
-    return getattr(fx, "is_fx_symbolic_tracing", fx.is_fx_tracing)()
-
-
 FeatureOrder = Tuple[torch.Tensor, torch.Tensor]  # (pos, inv): int64 [F] each, on the embeddings' device
 
 
 class _ToFeatureOrder(torch.autograd.Function):
     """``values[:, pos]`` with the backward as a gather too (``grad[:, inv]``), not autograd's default
-    ``index_add`` into zeros: under torch.compile a scatter of slices cost 0.55 ms per step on 2x H200, a gather
-    fuses into the kernels around it (docs/benchmarks.md)."""
+    ``index_add`` into zeros: under torch.compile a scatter of slices is slow, a gather fuses into the kernels
+    around it."""
 
     @staticmethod
     def forward(ctx: Any, values: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -82,7 +78,7 @@ class _FromRankBlocks(torch.autograd.Function):
     layout by the inverse gather (``inv_rows``), divided by ``grad_divisor`` as TorchRec's ``GRADIENT_DIVISION``
     does (same values: the division is the same op on the same values). Gathers both ways, for the reason
     :class:`_ToFeatureOrder` gives; under torch.compile they fuse into the kernels around them, which replaces the
-    output dist's ``cat`` forward and its regrouping pass backward (docs/benchmarks.md, ninth session)."""
+    output dist's ``cat`` forward and its regrouping pass backward."""
 
     @staticmethod
     def forward(
@@ -121,15 +117,14 @@ class ZeroCopySparseArch(SparseArch):
     """TorchRec's ``SparseArch`` without its copy of the pooled embeddings.
 
     ``SparseArch.forward`` splits the ``KeyedTensor`` of pooled embeddings into one tensor per feature and
-    concatenates them again in feature order: a full copy of ``[B, F * D]`` forward and another in backward
-    (0.5 ms per step at batch 32768 on an H200: docs/benchmarks.md). When the ``KeyedTensor``'s keys are the
-    features, each of dim ``D`` (the EmbeddingBagCollection's and its sharded version's output), its values are
-    that tensor: in feature order it is returned as a view. In another order (a plan over several ranks returns
-    the features rank by rank) ``forward`` reorders them with one gather, or, with ``in_key_order=True``, returns
-    the view and the order, so that :class:`DLRMTrainAutocast` can reorder inside its (compiled) dense step, where
-    the gather fuses into the interaction's concatenation. Keys of any other dim take TorchRec's path. While
-    TorchRec's pipeline fx-traces the model (inputs are proxies, so the keys cannot be compared), TorchRec's path
-    is traced too.
+    concatenates them again in feature order: a full copy of ``[B, F * D]`` forward and another in backward. When
+    the ``KeyedTensor``'s keys are the features, each of dim ``D`` (the EmbeddingBagCollection's and its sharded
+    version's output), its values are that tensor: in feature order it is returned as a view. In another order (a
+    plan over several ranks returns the features rank by rank) ``forward`` reorders them with one gather, or, with
+    ``in_key_order=True``, returns the view and the order, so that :class:`DLRMTrainAutocast` can reorder inside its
+    (compiled) dense step, where the gather fuses into the interaction's concatenation. Keys of any other dim take
+    TorchRec's path. While TorchRec's pipeline fx-traces the model (inputs are proxies, so the keys cannot be
+    compared), TorchRec's path is traced too.
 
     Returns:
         ``[B, F, D]`` pooled embeddings in feature order (the TBE output dtype: ``perf.embedding_output_dtype``),
@@ -137,8 +132,8 @@ class ZeroCopySparseArch(SparseArch):
         ``order`` is None (already feature order) or ``(pos, inv)`` for :func:`to_feature_order`.
     """
 
-    def forward(self, features, in_key_order: bool = False):  # noqa: ANN001, ANN201 - KJT -> Tensor, as SparseArch
-        if _fx_tracing():
+    def forward(self, features, in_key_order: bool = False):  # KJT -> Tensor, as SparseArch
+        if compat.is_fx_tracing():
             out = super().forward(features)
             return (out, None) if in_key_order else out
         with accepting_rank_blocks():  # the output dist waits in here (a lazy awaitable): this forward reads them
@@ -238,7 +233,7 @@ class AutocastLowRankCrossNet(LowRankCrossNet):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x_0 = input
         x_l = x_0
-        for layer in range(self._num_layers):
+        for layer in range(compat.cross_net_num_layers(self)):
             x_l_v = torch.nn.functional.linear(x_l, self.V_kernels[layer])
             x_l_w = torch.nn.functional.linear(x_l_v, self.W_kernels[layer])
             if layer == 0:  # the products' dtype is known from here (a proxy's attribute under TorchRec's fx trace)
@@ -249,13 +244,13 @@ class AutocastLowRankCrossNet(LowRankCrossNet):
 
 class DLRMTrainAutocast(DLRMTrain):
     """``DLRMTrain`` with the dense side optionally under ``torch.autocast`` (``perf.autocast``) and compiled as one
-    graph (``perf.compile``, :func:`compile_dense`).
+    graph (``perf.compile``, :func:`dlrm.perf.compile_dense`).
 
     ``forward`` runs the sparse arch (the sharded lookup: TorchRec's pipeline and DMP own it), then
     :meth:`dense_step` (which first puts pooled embeddings that arrive in the plan's key order into feature order,
     so under ``perf.compile`` that reorder is part of the compiled graph): the dense arch, the interaction and the
-    over arch in the autocast region, and the BCE loss in float32 from float32 logits. The TBE lookup and the KJT all-to-alls stay outside autocast and outside the
-    compiled graph.
+    over arch in the autocast region, and the BCE loss in float32 from float32 logits. The TBE lookup and the KJT
+    all-to-alls stay outside autocast and outside the compiled graph.
 
     Args:
         model: the ``DLRM`` / ``DLRM_DCN`` network.
@@ -270,7 +265,6 @@ class DLRMTrainAutocast(DLRMTrain):
         self.device_type = device_type
         self.compiled_step: Optional[Callable[..., Tuple[torch.Tensor, ...]]] = None  # set by compile_dense
         self.compiled_parts: List[str] = []
-        self.cuda_graphs = False  # compile_dense in a CUDA-graph mode
 
     def dense_logits(
         self, dense: torch.Tensor, embedded: torch.Tensor, order: Optional[Union[FeatureOrder, BlockOrder]] = None
@@ -295,7 +289,8 @@ class DLRMTrainAutocast(DLRMTrain):
         labels: torch.Tensor,
         order: Optional[Union[FeatureOrder, BlockOrder]] = None,
     ) -> Tuple[torch.Tensor, ...]:
-        """``(loss, logits, labels)``: everything after the lookup; the part :func:`compile_dense` compiles."""
+        """``(loss, logits, labels)``: everything after the lookup; the part :func:`dlrm.perf.compile_dense`
+        compiles."""
         logits = self.dense_logits(dense, embedded, order)
         return self.loss_fn(logits, labels.float()), logits, labels
 
@@ -305,12 +300,8 @@ class DLRMTrainAutocast(DLRMTrain):
             embedded, order = arch(batch.sparse_features, in_key_order=True)
         else:
             embedded, order = arch(batch.sparse_features), None
-        if self.cuda_graphs:  # a new step: graph replays may reuse the previous step's output memory
-            torch.compiler.cudagraph_mark_step_begin()
         out = (self.compiled_step or self.dense_step)(batch.dense_features, embedded, batch.labels, order)
-        # outputs of a CUDA graph live in its memory pool and the next replay overwrites them; the trainer keeps
-        # the logits of a metric window (and validation's) across steps, so they are copied out
-        return out[0], tuple(t.detach().clone() if self.cuda_graphs else t.detach() for t in out)
+        return out[0], tuple(t.detach() for t in out)
 
 
 class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
@@ -344,7 +335,7 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
 def build_model(
     cfg: ModelConfig,
     dense_device: Optional[torch.device] = None,
-    table_device: torch.device = torch.device("meta"),
+    table_device: torch.device = META,
     skip_nonfinite: bool = False,
     perf: Optional[PerfConfig] = None,
 ) -> DLRMTrain:
@@ -358,7 +349,7 @@ def build_model(
         skip_nonfinite: wrap in :class:`DLRMTrainSkipNonFinite` instead of :class:`DLRMTrainAutocast`.
         perf: ``perf.embedding_dtype`` (table weights), ``perf.autocast`` (dense side) and
             ``perf.dcn_residual_dtype`` (:class:`AutocastLowRankCrossNet`); default fp32, no autocast.
-            ``perf.compile`` is applied after sharding (:func:`compile_dense`).
+            ``perf.compile`` is applied after sharding (:func:`dlrm.perf.compile_dense`).
 
     Returns:
         ``DLRMTrain`` whose ``forward(batch)`` returns ``(loss, (loss, logits, labels))``; logits are float32
@@ -401,78 +392,3 @@ def build_model(
     cls = DLRMTrainSkipNonFinite if skip_nonfinite else DLRMTrainAutocast
     amp = None if perf.autocast == "none" else TORCH_DTYPES[perf.autocast]
     return cls(net, amp, (dense_device or torch.device("cpu")).type)
-
-
-DENSE_MODULES = ("dense_arch", "inter_arch", "over_arch")
-
-
-def compile_dense(
-    train_model: torch.nn.Module, mode: str = "default", coordinate_descent_tuning: bool = False, ddp_split: bool = True
-) -> List[str]:
-    """``torch.compile`` everything after the lookup as one compiled region (``perf.compile``; under DDP, dynamo
-    splits it at the gradient buckets, below): the dense arch, the interaction, the over arch and the loss
-    (:meth:`DLRMTrainAutocast.dense_step`).
-
-    One graph rather than one per module lets Inductor fuse across the modules' boundaries (the casts autocast
-    adds between them, the loss): on an H200 at batch 32768 that saved 0.3 ms of kernels and 0.5 ms per step
-    against compiling the three modules apart (docs/benchmarks.md). The modules themselves are not wrapped, so
-    parameter names, DMP, DDP, the optimizers and checkpoints see the same model. TorchRec's pipelines fx-trace
-    the model once to find the sparse arch's inputs; dynamo would refuse being traced, so
-    ``torch._dynamo.config.error_on_nested_fx_trace`` is turned off and that trace runs the uncompiled code (the
-    torch.compile documentation's setting for this case).
-
-    Under DDP (TorchRec wraps the dense modules in DDP, on one rank too) dynamo's DDPOptimizer, on by default,
-    splits that graph at DDP's gradient buckets (``perf.ddp_bucket_cap_mb``; a few pieces for the 61 MiB of
-    MLPerf dense gradients at 25 MiB), so each bucket's all-reduce can start while the rest of the backward runs.
-    ``ddp_split=False`` keeps one graph: on H200 at batch 32768 that was 0.55-0.65 ms per step faster, on one GPU
-    and on two (docs/benchmarks.md, seventh session), and ``perf=fast`` uses it; the split stays PyTorch's
-    default.
-
-    Args:
-        train_model: the unwrapped :class:`DLRMTrainAutocast` (``dmp.module``).
-        mode: ``torch.compile`` mode (``perf.compile_mode``).
-        coordinate_descent_tuning: Inductor's ``coordinate_descent_tuning`` (``perf.coordinate_descent_tuning``;
-            a process-wide Inductor setting): tune the block sizes of the generated triton kernels while compiling.
-        ddp_split: dynamo's DDPOptimizer (``torch._dynamo.config.optimize_ddp``, process-wide, read when the step
-            first compiles; ``perf.compile_ddp_split``): under DDP the graph is split at the gradient buckets so
-            each bucket's all-reduce can start during the backward; False compiles one graph.
-
-    It first resets dynamo (``torch._dynamo.reset()``: every compiled function of the process recompiles on its
-    next call). Dynamo caches compiled code per code object, so without it a second build in one process (another
-    variant of ``bench/throughput.py``, a test) reused the first build's graphs whenever the guards passed, even
-    when this build set other compile settings; the sixth session's same-process A/Bs of ``ddp_split`` and the
-    bucket size measured that reuse (docs/benchmarks.md).
-
-    A CUDA-graph ``mode`` (``reduce-overhead``, ``max-autotune``; the config refuses them, the benchmark times them)
-    sets ``train_model.cuda_graphs``: ``forward`` then marks each step's start and copies the step's outputs out of
-    the graphs' memory pool, which the next replay overwrites.
-
-    Returns:
-        What was compiled: ``["model.dense_arch", "model.inter_arch", "model.over_arch", "loss"]``.
-    """
-    import torch._dynamo
-    import torch._inductor.config as inductor_config
-
-    torch._dynamo.config.error_on_nested_fx_trace = False
-    # process-wide: set either way, so an earlier build's tuning does not carry over to this one
-    inductor_config.coordinate_descent_tuning = coordinate_descent_tuning
-    torch._dynamo.config.optimize_ddp = ddp_split
-    # dynamo caches compiled code per code object, and dense_step's is shared by every model built in this process:
-    # without a reset a second build (a benchmark variant, a test) would run the first build's graphs, compiled
-    # under the first build's settings (optimize_ddp, Inductor's tuning), whatever this build asked for
-    torch._dynamo.reset()
-    train_model.compiled_step = torch.compile(train_model.dense_step, mode=None if mode == "default" else mode)
-    train_model.cuda_graphs = mode in ("reduce-overhead", "max-autotune")
-    train_model.compiled_parts = [
-        f"model.{n}" for n in DENSE_MODULES if getattr(train_model.model, n, None) is not None
-    ] + ["loss"]
-    log.info(
-        "torch.compile (mode %s%s): %s as one region, %s",
-        mode,
-        ", coordinate descent tuning" if coordinate_descent_tuning else "",
-        ", ".join(train_model.compiled_parts),
-        "split at DDP's gradient buckets (one piece where the dense side fits one bucket)"
-        if ddp_split
-        else "one unsplit graph",
-    )
-    return train_model.compiled_parts

@@ -1,56 +1,43 @@
-"""The output dist's pooled-embedding all-to-all without TorchRec's extra copies (``perf.lean_output_dist``).
+"""The output dist's pooled-embedding all-to-all without TorchRec's extra passes (``perf.lean_output_dist``).
 
-What it replaces: every sharded table_wise / column_wise (and table_row_wise, grid cross-host) output dist sends the
-pooled embeddings with ``torchrec.distributed.dist_data.PooledEmbeddingsAllToAll``, whose autograd functions
-(``comm_ops.All2All_Pooled_Req`` / ``All2All_Pooled_Wait``, torchrec 1.6.1 and 1.8.0 alike) spend two full passes
-over that tensor that the all-to-all itself does not need:
+What it replaces: every sharded table_wise / column_wise (and table_row_wise, grid_shard across hosts) output
+dist sends the pooled embeddings with ``torchrec.distributed.dist_data.PooledEmbeddingsAllToAll``, whose autograd
+functions (``comm_ops.All2All_Pooled_Req`` / ``All2All_Pooled_Wait``, torchrec 1.6 and 1.8 alike) spend full
+passes over that tensor that the all-to-all itself does not need:
 
-* forward: the ``[B_global, D_local]`` lookup output is copied into a second buffer before every all-to-all
-  (``all_to_all_single_comm.allocate(...)`` then ``copy_``: a hook for communication libraries whose buffers must
-  be registered; with the default allocator it only copies);
+* forward: the ``[B_global, D_local]`` lookup output is copied into a second buffer before every all-to-all (a
+  hook for communication libraries whose buffers must be registered; with the default allocator it only copies);
 * backward: the ``[B_local, D_global]`` gradient is regrouped rank by rank in three passes (a ``.contiguous()``
-  copy per rank's column block, then a ``cat`` of those copies), where one pass that writes each block straight
-  into the send buffer does the same; and after the all-to-all the received ``[B_global, D_local]`` gradient is
-  divided by the world size in a pass of its own (``comm_ops.GRADIENT_DIVISION``), which the one pass above can
-  do on the way.
+  copy per rank's column block, then a ``cat``), where one pass that writes each block straight into the send
+  buffer does the same; and after the all-to-all the received gradient is divided by the world size in a pass of
+  its own (``comm_ops.GRADIENT_DIVISION``), which that one pass can do on the way.
 
-On 2x H200 (``perf=fast``, 32768 per GPU) these took 0.13 ms forward and 0.43 + 0.13 ms backward of the slower
-rank's compute stream, on the step's critical path: the all-to-alls and the TBE backward wait for them (eighth
-session's trace, docs/benchmarks.md). The functions here do the same collectives, same layout, same gradient
-scaling, and give the same values bit for bit (the division happens before the all-to-all instead of after it;
-the all-to-all moves values unchanged); they only skip the staging copy and fold the regrouping and the division
-into one pass. Forward keeps TorchRec's single ``cat`` of the received rank blocks into ``[B_local, D_global]``
-(what the ``KeyedTensor`` of pooled embeddings needs), except in rank-block mode:
+The functions here do the same collectives, same layout, same gradient scaling, and give the same values bit for
+bit (the division happens before the all-to-all instead of after it; the all-to-all moves values unchanged).
+Forward keeps TorchRec's single ``cat`` of the received rank blocks into ``[B_local, D_global]`` (what the
+``KeyedTensor`` of pooled embeddings needs), except in rank-block mode:
 
 * Rank blocks (``use_lean_output_dist(..., rank_blocks=True)``, every table table_wise, one output dist per sharded
   module): the receive buffer itself is handed over, viewed as ``[B_local, D_global]`` and marked with its layout
   (:class:`RankBlocks`), with neither the ``cat`` forward nor the regrouping pass backward;
   :class:`dlrm.model.ZeroCopySparseArch` gathers the features from it inside the compiled dense step and returns
   the gradient already in the send layout and divided. Only inside :func:`accepting_rank_blocks` (which that sparse
-  arch enters around its lookup); any other reader gets TorchRec's layout. On 2x H200 this took the step from
-  13.50 to 13.20-13.26 ms (ninth session, docs/benchmarks.md).
+  arch enters around its lookup); any other reader gets TorchRec's layout.
 * ``a2a_listener``: told of each all-to-all whose backward is due and of each backward all-to-all issued;
   :class:`dlrm.comms.AllReduceAfterOutputDist` holds DDP's all-reduce until none is due
   (``perf.allreduce_after_output_dist``).
 
-Why our own code: TorchRec has no setting for either copy (the forward one is unconditional, the backward helper
-is module-private), and the output dist is on the critical path the trainer exists to shorten.
+Why our own code: TorchRec has no setting for either pass (the forward copy is unconditional, the backward helper
+is module-private), and the output dist is on the critical path of a multi-GPU step. The TorchRec internals it
+reads (the output dists' list and lazy builders, the all-to-all's process group, splits, codecs and callbacks) go
+through :mod:`dlrm.torchrec_compat`; the awaitables are TorchRec's own ``comm_ops.Request`` and
+``dist_data.PooledEmbeddingsAwaitable``. Quantized communication (codecs), TorchRec's sync-collectives mode and
+one-rank groups keep TorchRec's forward.
 
-Seam (private names, checked by ``tests/test_output_dist.py``): the sharded modules keep their output dists in a
-plain list, ``_output_dists``; each builds its ``PooledEmbeddingsAllToAll`` on first use (:data:`BUILDERS`), and
-right after that the instance's ``forward`` is replaced (instance attribute; other models in the process are
-untouched), reading its ``_pg``, ``_dim_sum_per_rank``, ``_codecs`` and ``_callbacks``; the awaitables are
-TorchRec's own ``comm_ops.Request`` and ``dist_data.PooledEmbeddingsAwaitable``. Quantized communication
-(``codecs``), TorchRec's sync-collectives mode and one-rank groups keep TorchRec's forward.
-
-Usage (what :func:`dlrm.trainer.build_training` does with ``perf.lean_output_dist=true``)::
+Usage (what :func:`dlrm.perf.apply_perf` does with ``perf.lean_output_dist=true``)::
 
     model = DistributedModelParallel(...)
     n = use_lean_output_dist(model, rank_blocks=True)   # number of output dists switched
-
-Command (the CPU tests of all of this, 2 gloo ranks)::
-
-    .venv/bin/python -m pytest -q tests/test_output_dist.py
 """
 
 from __future__ import annotations
@@ -58,20 +45,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torchrec.distributed import comm_ops
 from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll, PooledEmbeddingsAwaitable
-from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
-from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
-from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
+from torchrec.distributed.types import ShardedModule
 
-PRIVATE_NAMES = ("_pg", "_dim_sum_per_rank", "_codecs", "_callbacks")  # of PooledEmbeddingsAllToAll
-# the output dists' lazy builders of their PooledEmbeddingsAllToAll (table_wise / column_wise; table_row_wise, grid)
-BUILDERS = ("_create_output_dist_module", "_create_output_dist_modules")
+from dlrm import torchrec_compat as compat
 
 Splits = Tuple[List[int], List[int]]  # (batch size per rank, embedding dim sum per rank)
 RANK_BLOCKS_ATTR = "_dlrm_rank_blocks"  # on the pooled embeddings handed over in rank-block layout
@@ -234,8 +217,9 @@ def _lean_forward(
 ) -> PooledEmbeddingsAwaitable:
     """``PooledEmbeddingsAllToAll.forward`` through :class:`_LeanPooledReq` / :class:`_LeanPooledWait`; the cases
     those do not cover (quantized communication, sync collectives, one rank) take TorchRec's forward."""
-    pg = self._pg
-    if self._codecs is not None or pg.size() <= 1 or comm_ops.get_use_sync_collectives():
+    fields = compat.PooledAllToAllFields(self)
+    pg = fields.pg
+    if fields.codecs is not None or pg.size() <= 1 or comm_ops.get_use_sync_collectives():
         return type(self).forward(self, local_embs, batch_size_per_rank)
     world = pg.size()
     if not batch_size_per_rank:
@@ -248,22 +232,12 @@ def _lean_forward(
         batch_size_per_rank = [b_global // world] * world
     myreq = comm_ops.Request(pg, device=local_embs.device)
     # rank-block layout (RankBlocks) only without callbacks: a callback would read the tensor as [B, D]
-    setattr(myreq, RANK_BLOCKS_ATTR, bool(getattr(self, RANK_BLOCKS_ATTR, False)) and not self._callbacks)
+    setattr(myreq, RANK_BLOCKS_ATTR, bool(getattr(self, RANK_BLOCKS_ATTR, False)) and not fields.callbacks)
     setattr(myreq, A2A_LISTENER_ATTR, getattr(self, A2A_LISTENER_ATTR, None))
-    _LeanPooledReq.apply(pg, myreq, (list(batch_size_per_rank), list(self._dim_sum_per_rank)), local_embs)
+    _LeanPooledReq.apply(pg, myreq, (list(batch_size_per_rank), list(fields.dim_sum_per_rank)), local_embs)
     awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=myreq)
-    awaitable.callbacks.extend(self._callbacks)
+    awaitable.callbacks.extend(fields.callbacks or [])
     return awaitable
-
-
-def check_private_names(module: torch.nn.Module, names: Sequence[str] = PRIVATE_NAMES) -> None:
-    """Raise ``RuntimeError`` naming the attribute when a TorchRec upgrade renamed one this module reads."""
-    for name in names:
-        if not hasattr(module, name):
-            raise RuntimeError(
-                f"perf.lean_output_dist: torchrec's {type(module).__name__} has no `{name}` in this "
-                f"version; set perf.lean_output_dist=false (dlrm/output_dist.py needs updating)"
-            )
 
 
 def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
@@ -271,8 +245,7 @@ def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: An
     n = 0
     for m in module.modules():
         if type(m) is PooledEmbeddingsAllToAll and "forward" not in vars(m):
-            check_private_names(m)
-            if m._pg.size() > 1:
+            if compat.PooledAllToAllFields(m).pg.size() > 1:
                 m.forward = types.MethodType(_lean_forward, m)
                 setattr(m, RANK_BLOCKS_ATTR, rank_blocks)
                 setattr(m, A2A_LISTENER_ATTR, a2a_listener)
@@ -280,72 +253,45 @@ def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: An
     return n
 
 
-def _dist_classes() -> Dict[type, Tuple[str, str]]:
-    """TorchRec's output dists that build a ``PooledEmbeddingsAllToAll`` on first use -> (their builder, the
-    attribute holding the process group of that all-to-all). The row_wise dist (a reduce-scatter) is not one."""
-    return {
-        TwPooledEmbeddingDist: (BUILDERS[0], "_pg"),  # table_wise, column_wise
-        TwRwPooledEmbeddingDist: (BUILDERS[1], "_cross_pg"),  # table_row_wise: the all-to-all across hosts
-        GridPooledEmbeddingDist: (BUILDERS[1], "_cross_pg"),
-    }  # grid_shard: the same
-
-
 def use_lean_output_dist(model: torch.nn.Module, rank_blocks: bool = False, a2a_listener: Any = None) -> int:
     """Switch the pooled-embedding all-to-alls of ``model``'s output dists to the lean functions.
 
-    With ``rank_blocks``, a sharded module whose only output dist is table_wise's (``TwPooledEmbeddingDist``)
-    hands over its pooled embeddings in rank-block layout (:class:`RankBlocks`): no ``cat`` forward, no regrouping
-    or division pass backward; its consumer must gather them (:class:`dlrm.model.ZeroCopySparseArch` does, inside
-    the compiled dense step). Only for a model whose sparse arch is that class and whose plan is table_wise for
-    every table (a column_wise table is split across the rank blocks): :func:`dlrm.trainer.build_training` checks
-    both.
+    With ``rank_blocks``, a sharded module whose only output dist is table_wise's hands over its pooled embeddings
+    in rank-block layout (:class:`RankBlocks`): no ``cat`` forward, no regrouping or division pass backward; its
+    consumer must gather them (:class:`dlrm.model.ZeroCopySparseArch` does, inside the compiled dense step). Only
+    for a model whose sparse arch is that class and whose plan is table_wise for every table (a column_wise table
+    is split across the rank blocks): :func:`dlrm.perf.apply_perf` checks both.
 
     ``a2a_listener`` (:class:`dlrm.comms.AllReduceAfterOutputDist`, which holds DDP's all-reduce until then) is
     told of every forward all-to-all whose backward is due (``output_dist_forward(node)``) and of every backward
     all-to-all issued (``output_dist_issued(node)``).
 
-    TorchRec builds an output dist's ``PooledEmbeddingsAllToAll`` on its first forward (see :func:`_dist_classes`),
-    so each such output dist's builder is wrapped, on that instance, to switch what it builds; one built already is
-    switched now. Output dists whose all-to-all spans one rank (one process; table_row_wise and grid_shard on one
-    host, whose all-to-all runs across hosts) are left alone, as are other kinds (row_wise's reduce-scatter). A
-    bare ``PooledEmbeddingsAllToAll`` is switched directly.
+    TorchRec builds an output dist's ``PooledEmbeddingsAllToAll`` on its first forward, so each such output dist
+    is hooked to switch what it builds; one built already is switched now. Output dists whose all-to-all spans one
+    rank (one process; table_row_wise and grid_shard on one host, whose all-to-all runs across hosts) are left
+    alone, as are other kinds (row_wise's reduce-scatter). A bare ``PooledEmbeddingsAllToAll`` is switched directly.
 
     Returns:
         How many output dists (or bare all-to-alls) send through the lean functions (0: none of those kinds, or
         none spanning more than one rank).
 
     Raises:
-        RuntimeError: TorchRec lacks a private name this relies on (see :data:`PRIVATE_NAMES`).
+        dlrm.torchrec_compat.MissingInternalError: TorchRec lacks an internal this relies on.
     """
     if type(model) is PooledEmbeddingsAllToAll:
         return _switch(model, a2a_listener=a2a_listener)
-    kinds = _dist_classes()
     n = 0
     for module in model.modules():
-        ods = getattr(module, "_output_dists", None) or []
+        if not isinstance(module, ShardedModule):
+            continue
+        ods = compat.output_dists(module)
         for od in ods:
-            kind = kinds.get(type(od))
-            if kind is None:
-                continue
-            builder, pg_attr = kind
-            check_private_names(od, kind)
-            if getattr(od, pg_attr).size() <= 1:
+            kind = compat.pooled_output_dist_kind(od)
+            if kind is None or compat.pooled_output_dist_group(od).size() <= 1:
                 continue
             # one output dist: its tensor is the KeyedTensor's values as is (TorchRec cats several)
-            blocks = rank_blocks and len(ods) == 1 and type(od) is TwPooledEmbeddingDist
+            blocks = rank_blocks and len(ods) == 1 and kind == "table_wise"
             _switch(od, blocks, a2a_listener)
-
-            def build_and_switch(
-                *args: Any,
-                _build: Any = getattr(od, builder),
-                _od: torch.nn.Module = od,
-                _blocks: bool = blocks,
-                **kwargs: Any,
-            ) -> Any:
-                out = _build(*args, **kwargs)
-                _switch(_od, _blocks, a2a_listener)
-                return out
-
-            setattr(od, builder, build_and_switch)
+            compat.after_pooled_all_to_all_built(od, lambda od=od, blocks=blocks: _switch(od, blocks, a2a_listener))
             n += 1
     return n

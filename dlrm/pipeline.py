@@ -8,17 +8,13 @@ The pipelines are TorchRec's, used as they are:
 * ``fused_sparse_dist``: ``TrainPipelineFusedSparseDist``: as ``sparse_dist``, and batch i+1's embedding lookup
   and output dist are issued on the data-dist stream before its forward, so on the GPU they overlap batch i's
   dense optimizer step. Same numerics: the fused TBE has already updated the tables in backward, and the lookup
-  does not read the dense weights. CUDA only. The dense optimizer step it can hide is 0.13 ms with ``perf=fast``
-  on an H200; its one step time there (2.4 ms/step slower than ``sparse_dist``) ran after a profile in the same
-  process, so it is not a clean figure (docs/benchmarks.md).
+  does not read the dense weights. CUDA only.
 * ``semi_sync``: ``TrainPipelineSemiSync``: batch i+1's embedding lookup and output-dist all-to-all are issued
   right after batch i's forward, so the all-to-all runs beside batch i's dense backward. Not the same numerics:
   batch i+1 reads the tables before batch i's update (one step stale; the dense weights are not stale). From
   batch ``pipeline.semi_sync_start_batch`` on; before it, each step ends with a device synchronize (TorchRec's
   synchronous warm-up). The pipeline gets the dense optimizer only: the fused TBE optimizer updates the tables in
   the embedding backward, and TorchRec warns about an optimizer that holds the pipelined tables. CUDA only.
-  Measured with ``perf=fast`` on 2x H200: no faster than ``sparse_dist`` (the overlapped all-to-all takes SMs from
-  the backward), and 0.0034 below fp32's validation AUC on the 63-step Kaggle run (docs/benchmarks.md).
 * ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
   ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
@@ -26,7 +22,7 @@ The pipelines are TorchRec's, used as they are:
 Only the constructor arguments ``(model, optimizer, device)`` are passed (plus ``execute_all_batches=True`` for
 the sparse-dist ones, so the last, possibly partial, batch is trained, and ``start_batch`` for ``semi_sync``): they
 exist unchanged in torchrec 1.3 through 1.8, whereas later arguments (``enqueue_batch_after_forward``,
-``free_features_storage_early``, ...) do not exist on the GPU host's 1.6.1.
+``free_features_storage_early``, ...) do not exist in torchrec 1.6.1.
 
 With ``pipeline.input_dist_group=dedicated`` the input dist's all-to-alls go to one extra process group
 (:mod:`dlrm.comms`).
@@ -81,18 +77,12 @@ def check_pipeline_device(cfg: PipelineConfig, device: torch.device) -> None:
     """Refuse a CUDA-only pipeline setting off CUDA (the trainer calls this before loading data).
 
     Raises:
-        ConfigError: ``pipeline=prefetch``, ``fused_sparse_dist`` or ``semi_sync`` on a non-CUDA device; an NCCL
-            thread-block cap (``pipeline.input_dist_max_ctas``) there.
+        ConfigError: ``pipeline=prefetch``, ``fused_sparse_dist`` or ``semi_sync`` on a non-CUDA device.
     """
     if cfg.name in CUDA_ONLY and device.type != "cuda":
         raise ConfigError(
             f"config key `pipeline.name`: pipeline={cfg.name} {CUDA_ONLY[cfg.name]} and needs CUDA, "
             f"but this run is on {device.type}; use pipeline=sparse_dist on CPU"
-        )
-    if cfg.input_dist_max_ctas is not None and device.type != "cuda":
-        raise ConfigError(
-            f"config key `pipeline.input_dist_max_ctas`: an NCCL communicator setting, and this run is "
-            f"on {device.type} (gloo); drop it (pipeline.input_dist_max_ctas=null)"
         )
 
 
@@ -109,12 +99,8 @@ def build_pipeline(
     """
     check_pipeline_device(cfg, device)
     if cfg.input_dist_group == "dedicated":
-        n = use_group_for_input_dist(model, input_dist_group(cfg.input_dist_max_ctas))
-        log.info(
-            "input dist of %d sharded module(s) on a dedicated process group%s",
-            n,
-            "" if cfg.input_dist_max_ctas is None else f" (NCCL thread blocks <= {cfg.input_dist_max_ctas})",
-        )
+        n = use_group_for_input_dist(model, input_dist_group())
+        log.info("input dist of %d sharded module(s) on a dedicated process group", n)
     cls = PIPELINES[cfg.name]
     if cls is TrainPipelineBase:
         return cls(model, optimizer, device)

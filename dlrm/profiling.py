@@ -5,9 +5,9 @@
                                                 # chrome://tracing or Perfetto
 
 Every rank writes its own trace, ``trace_rank<r>.pt.trace.json``: a Chrome trace, named so that TensorBoard's
-profiler plugin (``torch-tb-profiler``) lists it. Labelled ranges: ``## train_step N ##`` around each step; TorchRec's pipeline
-labels (``## start_sparse_data_dist ##`` / ``## wait_sparse_data_dist ##``: input dist, ``## forward ##``,
-``## optimizer ##``, ``## zero_grad ##``); and, from forward hooks on the DLRM submodules,
+profiler plugin (``torch-tb-profiler``) lists it. Labelled ranges: ``## train_step N ##`` around each step;
+TorchRec's pipeline labels (``## start_sparse_data_dist ##`` / ``## wait_sparse_data_dist ##``: input dist,
+``## forward ##``, ``## optimizer ##``, ``## zero_grad ##``); and, from forward hooks on the DLRM submodules,
 ``## sparse_arch: lookup + output dist ##``, ``## dense_arch ##``, ``## inter_arch ##``, ``## over_arch ##``
 (with ``perf.compile``, one ``## dense step (compiled): dense_arch + inter_arch + over_arch + loss ##`` instead of
 the last three, since they run as one compiled graph).

@@ -4,7 +4,7 @@
 and TorchRec's fused embedding optimizer alike: TorchRec copies ``param_groups[0]["lr"]`` into the TBE at
 ``zero_grad()``, which the pipeline calls before each backward) with PyTorch's ``LambdaLR``.
 
-Fixed against the published versions (``../shared/reference/mlperf-dlrmv2.md``): the rate never climbs again
+Fixed against the published MLPerf reference versions (``torchrec_dlrm``): the rate never climbs again
 after the decay window, warmup reaches the base rate on its last step with no plateau below it, and warmup 0
 or 1 are valid.
 """

@@ -24,7 +24,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 import torchrec.optim as trec_optim
-from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
@@ -39,10 +38,9 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dlrm.comms import DedicatedGroupDataParallelWrapper
-from dlrm.comms import allreduce_group as allreduce_group_of_ddp
 from dlrm.config import OptimizerConfig, ShardingConfig
 from dlrm.dist import DistInfo
+from dlrm.torchrec_compat import EnumerableShardingSpec, ShardMetadata
 
 log = logging.getLogger(__name__)
 
@@ -445,7 +443,7 @@ def plan_model(
     if world_size == 1 and not cfg.sharding_types:
         # One rank holds every table whatever the type; TorchRec's planner then picks among equal-memory layouts by
         # small cost-model differences (table_wise, table_column_wise or column_wise, depending on the HBM cap),
-        # and the column-split ones keep more TBE groups and launch more kernels per step (docs/benchmarks.md).
+        # and the column-split ones keep more TBE groups and launch more kernels per step.
         # table_wise is the layout stock TorchRec gets on one GPU.
         for name, c in constraints.items():
             explicit = cfg.constraints.get(name)
@@ -588,8 +586,6 @@ def shard(
     constraint_hook: Optional[ConstraintHook] = None,
     fused_params: Optional[Dict[str, Any]] = None,
     allreduce_dtype: str = "fp32",
-    allreduce_group: str = "shared",
-    allreduce_max_ctas: Optional[int] = None,
     ddp_bucket_cap_mb: int = 25,
 ) -> Tuple[DistributedModelParallel, ShardingPlan]:
     """Fuse the embedding optimizer, plan, and wrap with DMP (materialises the meta tables on their owners).
@@ -597,10 +593,7 @@ def shard(
     ``fused_params`` go to the TBE kernels (e.g. ``{"output_dtype": SparseType.BF16}``, :func:`fused_params_of`).
     ``allreduce_dtype`` (``perf.allreduce_dtype``): ``fp32``, or ``bf16`` / ``fp16`` for TorchRec's
     ``DefaultDataParallelWrapper(allreduce_comm_precision=...)`` (a compress hook on the DDP all-reduce; none
-    on one rank). ``allreduce_group`` (``perf.allreduce_group``): ``shared``, or ``dedicated`` for DDP on a process
-    group of its own (:class:`dlrm.comms.DedicatedGroupDataParallelWrapper`; collective: every rank creates it;
-    none on one rank), whose NCCL communicator uses at most ``allreduce_max_ctas`` thread blocks (None: NCCL's
-    choice). ``ddp_bucket_cap_mb`` (``perf.ddp_bucket_cap_mb``): DDP's gradient bucket size in MiB.
+    on one rank). ``ddp_bucket_cap_mb`` (``perf.ddp_bucket_cap_mb``): DDP's gradient bucket size in MiB.
 
     Returns ``(dmp, plan)``; the planner's estimates are on ``dmp.plan_info`` (:class:`PlanInfo`).
     """
@@ -608,13 +601,7 @@ def shard(
     info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
     # one rank has nothing to reduce: a compress hook there would only round the gradients
     precision = None if allreduce_dtype == "fp32" or info.world_size == 1 else allreduce_dtype
-    wrapper = (
-        DedicatedGroupDataParallelWrapper(
-            allreduce_group_of_ddp(allreduce_max_ctas), precision, bucket_cap_mb=ddp_bucket_cap_mb
-        )
-        if allreduce_group == "dedicated" and info.world_size > 1
-        else DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_cap_mb, allreduce_comm_precision=precision)
-    )
+    wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_cap_mb, allreduce_comm_precision=precision)
     dmp = DistributedModelParallel(
         module=model,
         device=info.device,

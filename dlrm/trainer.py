@@ -17,69 +17,45 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from omegaconf import DictConfig, OmegaConf
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
-from dlrm.checkpoint import Checkpointer
-from dlrm.config import Config, ConfigError, PerfConfig, to_config
+from dlrm.checkpoint import Checkpointer, RunFacts, TrainState
+from dlrm.config import Config, ConfigError, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
-from dlrm.metrics import EXACT_AUC_MAX_ROWS, AUCHistogram, EvalAccumulator
+from dlrm.metrics import EXACT_AUC_MAX_ROWS, EvalAccumulator, MetricWindow
 from dlrm.mlperf_log import MlperfLogger
+from dlrm.model import FEATURE_NAMES, DLRMTrain, build_model, table_configs
+from dlrm.offload import check_can_train, offload_constraints
+from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_device, compile_dense, perf_line
+from dlrm.pipeline import build_pipeline, check_pipeline_device
 from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
-from dlrm.model import FEATURE_NAMES, ZeroCopySparseArch, build_model, compile_dense, table_configs
-from dlrm.offload import check_can_train, offload_constraints
-from dlrm.pipeline import build_pipeline, check_pipeline_device
-from dlrm.comms import AllReduceAfterOutputDist
-from dlrm.output_dist import use_lean_output_dist
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, shard
 
 log = logging.getLogger(__name__)
 
 
-def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
-    """Refuse ``perf.*`` settings this device cannot run, before any data is loaded.
+@dataclass
+class BuildHooks:
+    """Where :func:`build_training` lets a caller swap one piece of the stack (benchmarks A/B a code change this
+    way, with everything else built exactly as the trainer builds it).
 
-    Raises:
-        ConfigError: bf16 table weights or pooled embeddings on CPU (FBGEMM's CPU TBE kernels have no bf16); a
-            bf16 all-reduce on CPU (PyTorch's ``bf16_compress_hook`` needs CUDA and NCCL); an NCCL thread-block
-            cap on CPU.
+    Fields:
+        model: called with the unsharded model before it is planned (e.g. to replace a submodule).
+        compile_dense: what compiles the dense step under ``perf.compile`` (:func:`dlrm.perf.compile_dense`).
     """
-    if device.type != "cpu":
-        return
-    if perf.allreduce_max_ctas is not None:
-        raise ConfigError(
-            "config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
-            "CPU (gloo); drop it (perf.allreduce_max_ctas=null)"
-        )
-    if perf.allreduce_dtype == "bf16":
-        raise ConfigError(
-            "config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
-            "use fp16 or fp32 on CPU"
-        )
-    for key in ("embedding_dtype", "embedding_output_dtype"):
-        if getattr(perf, key) == "bf16":
-            # fp16 pooled embeddings cannot meet bf16 autocast (PerfConfig), so name the one value that works then
-            fix = (
-                "fp32 on CPU (fp16 too, without bf16 autocast)"
-                if key == "embedding_output_dtype" and perf.autocast == "bf16"
-                else "fp16 or fp32 on CPU"
-            )
-            hint = (
-                " (perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
-                if key == "embedding_output_dtype"
-                else ""
-            )
-            raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use {fix}{hint}")
+
+    model: Optional[Callable[[DLRMTrain], None]] = None
+    compile_dense: Callable[..., List[str]] = compile_dense
 
 
 @dataclass
@@ -92,32 +68,35 @@ class Built:
     optimizer: CombinedOptimizer  # the fused TBE optimizers plus the dense one
     scheduler: Any
     pipeline: Any
-    lean_output_dists: int = 0  # output dists set up by perf.lean_output_dist (dlrm/output_dist.py)
-    held_allreduce: Optional[AllReduceAfterOutputDist] = None  # perf.allreduce_after_output_dist's DDP hook
+    perf: PerfSetup  # what the perf levers switched on
 
 
-def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite: bool = False) -> Built:
-    """Model, plan, DMP, optimizers, LR schedule and pipeline, exactly as the trainer runs them (so
-    ``bench/throughput.py`` times this same stack).
-
-    Applies ``perf.*``: TF32 (CUDA), table dtype and autocast (:func:`dlrm.model.build_model`), the TBE output
-    dtype (sharder fused params), and ``torch.compile`` of the dense side after sharding.
+def build_training(
+    cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite: bool = False, hooks: Optional[BuildHooks] = None
+) -> Built:
+    """Model, plan, DMP, perf levers, optimizers, LR schedule and pipeline, exactly as the trainer runs them (the
+    step benchmark, ``bench/throughput.py``, times this same stack).
 
     Args:
         cfg: the whole config.
         info: this process's rank, world size and device (:func:`dlrm.dist.init_distributed`).
         batch_size: samples per rank per step (the planner's batch size).
         skip_nonfinite: ``trainer.on_nonfinite=skip_batch``.
+        hooks: pieces to swap (:class:`BuildHooks`); None: the trainer's own.
 
     Raises:
+        ConfigError: a ``perf.*`` setting this device cannot run.
         PlanError: see :func:`dlrm.sharding.plan_model`.
     """
+    hooks = hooks or BuildHooks()
     perf = cfg.perf
     check_perf_device(perf, info.device)
-    if info.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = perf.tf32
-        torch.backends.cudnn.allow_tf32 = perf.tf32
+    apply_device_settings(perf, info.device)
+    # model
     model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=skip_nonfinite, perf=perf)
+    if hooks.model is not None:
+        hooks.model(model)
+    # plan and DMP
     pooling = {
         f"t_{f}": float(m if cfg.data.multi_hot else 1) for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)
     }
@@ -132,50 +111,17 @@ def build_training(cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite:
         constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
         fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
         allreduce_dtype=perf.allreduce_dtype,
-        allreduce_group=perf.allreduce_group,
-        allreduce_max_ctas=perf.allreduce_max_ctas,
         ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb,
     )
-    lean, held = 0, None
-    if perf.lean_output_dist and info.world_size > 1:  # one rank: no all-to-all to change
-        # rank blocks (no cat, no regrouping pass: the sparse arch gathers inside the dense step) need the sparse
-        # arch that gathers them and whole tables per rank
-        blocks = isinstance(model.model.sparse_arch, ZeroCopySparseArch) and all(
-            ps.sharding_type == "table_wise" for module_plan in plan.plan.values() for ps in module_plan.values()
-        )
-        if perf.allreduce_after_output_dist:
-            ddp = next((m for m in dmp.modules() if isinstance(m, DistributedDataParallel)), None)
-            if ddp is not None:
-                held = AllReduceAfterOutputDist(ddp.process_group, bool(getattr(ddp, "static_graph", False)))
-        lean = use_lean_output_dist(dmp, rank_blocks=blocks, a2a_listener=held)
-        if held is not None and not lean:
-            held = None
-        if held is not None:
-            ddp.register_comm_hook(None, held.hook)
-            log.info(
-                "perf.allreduce_after_output_dist: DDP's all-reduce is issued after the %d backward "
-                "all-to-all(s) of the pooled embeddings",
-                lean,
-            )
-        log.info(
-            "perf.lean_output_dist: %d output dist(s) send pooled embeddings without TorchRec's staging copy, %s%s",
-            lean,
-            "handed over as received (the dense step gathers the features from the rank blocks "
-            "and returns their gradient in that layout)"
-            if blocks
-            else "and regroup and divide the gradient in one pass",
-            ""
-            if lean
-            else " (none here: no table_wise or column_wise tables, nor table_row_wise / grid_shard across hosts)",
-        )
-    if perf.compile:
-        compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)
+    # perf levers on the sharded model
+    perf_setup = apply_perf(dmp, plan, perf, info.world_size, compile_fn=hooks.compile_dense)
+    # optimizers and schedule
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
-    # semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
+    # pipeline: semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
     pipeline = build_pipeline(dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device, cfg.pipeline)
-    return Built(model, dmp, plan, optimizer, scheduler, pipeline, lean, held)
+    return Built(model, dmp, plan, optimizer, scheduler, pipeline, perf_setup)
 
 
 class Trainer:
@@ -192,9 +138,26 @@ class Trainer:
         self.run_dir = run_dir
         self.info: Optional[DistInfo] = None
         self.metrics: Optional[MetricsLogger] = None
-        self.step = 0
-        self.samples_seen = 0
+        self.state = TrainState()  # step, samples seen, metric window: what a checkpoint restores
         self.history: list = []
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done."""
+        return self.state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.state.step = value
+
+    @property
+    def samples_seen(self) -> int:
+        """Training samples over all ranks so far."""
+        return self.state.samples_seen
+
+    @samples_seen.setter
+    def samples_seen(self, value: int) -> None:
+        self.state.samples_seen = value
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -274,35 +237,7 @@ class Trainer:
             info.device,
             info.backend,
         )
-        p = cfg.perf
-        log.info(
-            "perf %s: tables %s, pooled embeddings %s, autocast %s (DCN residual stream %s), tf32 %s, compile %s, "
-            "TBE bounds check %s, all-reduce %s, DDP buckets %d MiB, output dist %s",
-            p.name,
-            p.embedding_dtype,
-            p.embedding_output_dtype,
-            p.autocast,
-            "n/a: no DCN"
-            if cfg.model.interaction != "dcn"
-            else p.autocast
-            if p.dcn_residual_dtype == "autocast"
-            else "fp32",
-            p.tf32 if info.device.type == "cuda" else "n/a (cpu)",
-            f"on (mode {p.compile_mode}{', coordinate descent tuning' if p.coordinate_descent_tuning else ''}"
-            f"{', split at DDP buckets' if p.compile_ddp_split else ', one unsplit graph'})"
-            if p.compile
-            else "off",
-            p.tbe_bounds_check,
-            f"{p.allreduce_dtype} on the {p.allreduce_group} group"
-            + (f" (NCCL max CTAs {p.allreduce_max_ctas})" if p.allreduce_max_ctas else "")
-            + (" after the backward all-to-all" if built.held_allreduce is not None else "")
-            if info.world_size > 1
-            else "none (one rank)",
-            p.ddp_bucket_cap_mb,
-            ("lean" if info.world_size > 1 else "torchrec (lean: no all-to-all on one rank)")
-            if p.lean_output_dist
-            else "torchrec",
-        )
+        log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
@@ -326,9 +261,18 @@ class Trainer:
             train_samples=len(self.train_split),
             eval_samples=n_eval,
         )
-        # checkpoint: restore model, optimizers, schedule, step and RNG from checkpoint.resume (dlrm/checkpoint.py)
-        self.ckpt = Checkpointer(cfg.checkpoint, self.run_dir, info)
-        if self.ckpt.resume(self):
+        # checkpoint: restore model, optimizers, schedule, step, RNG and the metric window (dlrm/checkpoint.py)
+        self.state.window = MetricWindow(info.device)
+        self.ckpt = Checkpointer(
+            cfg.checkpoint,
+            self.run_dir,
+            info,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            RunFacts(self.global_batch, self.steps_per_epoch, self.total_steps, self.plan, cfg),
+        )
+        if self.ckpt.resume(self.state):
             self.metrics.advance(self.step)
 
     def _agree_run_dir(self, run_dir: str) -> str:
@@ -389,8 +333,9 @@ class Trainer:
         assert info is not None and self.metrics is not None
         it = self._train_iter()
         every = cfg.logger.log_every_n_steps
-        win = _Window(info.device)
-        self.ckpt.restore_window(win)  # checkpoint: steps of a resumed run's unlogged window
+        win = self.state.window  # a resumed run's holds the unlogged steps of its checkpoint
+        assert win is not None
+        win.restart_clock()
         last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
@@ -447,12 +392,13 @@ class Trainer:
                 if self.step < self.total_steps:
                     self.mlperf.block_start(epoch_num, self.samples_seen)
                 win.resume_clock()
-            if self.ckpt.after_step(self, win):  # checkpoint: periodic save; SIGTERM saves and ends the run
+            if self.ckpt.after_step(self.state):  # checkpoint: periodic save; SIGTERM saves and ends the run
+                self.metrics.log_line(self.ckpt.preempt_message or "")
                 return last_val
         self.profiler.close()
         if target_hit and self.step % every != 0:
             self._log_window(win, t_start)
-        self.ckpt.at_end(self, win)  # checkpoint: the last step, if an early stop skipped its periodic save
+        self.ckpt.at_end(self.state)  # checkpoint: the last step, if an early stop skipped its periodic save
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
         self.mlperf.run_stop(success=target_hit or cfg.eval.target_auc is None, samples=self.samples_seen)
@@ -464,7 +410,7 @@ class Trainer:
             )
         return last_val
 
-    def _log_window(self, win: "_Window", t_start: float) -> None:
+    def _log_window(self, win: MetricWindow, t_start: float) -> None:
         """Reduce the window over ranks, check it for non-finite losses, and log one record."""
         cfg, info = self.cfg, self.info
         assert info is not None and self.metrics is not None
@@ -576,92 +522,3 @@ def _peak_memory_gb(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
-
-
-class _Window:
-    """Training outputs since the last log: per-step losses, skip flags, and predictions for the windowed AUC.
-
-    Everything stays on the device until :meth:`reduce`, so logging costs one sync per window, not per step.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.hist = AUCHistogram(device)
-        self.restart_clock()
-        self._clear()
-
-    def _clear(self) -> None:
-        self.losses: List[torch.Tensor] = []
-        self.oks: List[torch.Tensor] = []
-        self.logits: List[torch.Tensor] = []
-        self.labels: List[torch.Tensor] = []
-        self.samples = 0
-
-    def restart_clock(self) -> None:
-        """Start timing a new window."""
-        self.t0 = time.perf_counter()
-        self.banked = 0.0
-
-    def pause_clock(self) -> None:
-        """Stop counting time (an evaluation starts); the samples gathered so far keep their time."""
-        self.banked += time.perf_counter() - self.t0
-        self.t0 = float("nan")
-
-    def resume_clock(self) -> None:
-        """Count time again after :meth:`pause_clock`."""
-        self.t0 = time.perf_counter()
-
-    def elapsed(self) -> float:
-        """Training seconds in this window, evaluations excluded."""
-        running = time.perf_counter() - self.t0 if self.t0 == self.t0 else 0.0  # NaN while paused
-        return max(self.banked + running, 1e-9)
-
-    def add(
-        self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, ok: Optional[torch.Tensor], samples: int
-    ) -> None:
-        self.losses.append(loss.detach().float().reshape(()))
-        self.oks.append(
-            ok.detach().reshape(()) if ok is not None else torch.ones((), dtype=torch.bool, device=loss.device)
-        )
-        self.logits.append(logits.detach())
-        self.labels.append(labels.detach())
-        self.samples += samples
-
-    def reduce(self, with_auc: bool) -> Dict[str, Any]:
-        """Mean loss over the window's kept steps and all ranks, windowed AUC, the steps (0-based in the
-        window) whose loss is non-finite on any rank, and the steps this rank skipped."""
-        losses = torch.stack(self.losses)
-        oks = torch.stack(self.oks)
-        finite = torch.isfinite(losses)
-        kept = oks & finite
-        # per step: 1 where the loss is non-finite on this rank; summed over ranks below
-        vec = torch.cat(
-            [
-                torch.where(kept, losses, torch.zeros_like(losses)).sum().reshape(1),
-                kept.float().sum().reshape(1),
-                (~oks).float().sum().reshape(1),
-                ((~finite) & oks).float(),
-            ]
-        ).double()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(vec)
-        bad = [i for i, v in enumerate(vec[3:].tolist()) if v > 0]
-        auc = float("nan")
-        if with_auc:
-            self.hist.reset()
-            keep = torch.repeat_interleave(kept, torch.tensor([t.numel() for t in self.logits], device=kept.device))
-            self.hist.update(torch.sigmoid(torch.cat(self.logits).float())[keep], torch.cat(self.labels)[keep])
-            auc = self.hist.compute()
-        out = {
-            "loss": float(vec[0] / vec[1]) if vec[1] > 0 else float("nan"),
-            "auc": auc,
-            "steps": len(self.losses),
-            "samples": self.samples,
-            "elapsed": self.elapsed(),
-            "bad_steps": bad,
-            "skipped": [i for i, ok in enumerate(oks.tolist()) if not ok],
-            "skipped_global": int(vec[2]),
-        }
-        self._clear()
-        self.restart_clock()
-        return out

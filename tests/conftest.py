@@ -21,9 +21,12 @@ CRITEO_DIR = REPO.parent / "shared" / "data" / "criteo"
 KAGGLE_SAMPLE = CRITEO_DIR / "kaggle_train_head10k.tsv"
 TB_SAMPLE = CRITEO_DIR / "terabyte_day0_head1000.tsv"
 
+# real Criteo rows (Criteo's, CC BY-NC-SA 4.0: never committed) read from beside the checkout
 needs_kaggle = pytest.mark.skipif(
-    not KAGGLE_SAMPLE.is_file(),
-    reason=f"real Criteo rows not found at {KAGGLE_SAMPLE} (the repo expects ../shared/data/criteo beside it)",
+    not KAGGLE_SAMPLE.is_file(), reason=f"needs the first 10,000 lines of Criteo Kaggle train.txt at {KAGGLE_SAMPLE}"
+)
+needs_tb = pytest.mark.skipif(
+    not TB_SAMPLE.is_file(), reason=f"needs the first 1,000 lines of Criteo 1TB day_0 at {TB_SAMPLE}"
 )
 
 
@@ -93,9 +96,9 @@ def python() -> str:
     return sys.executable
 
 
-def bench_smoke_two_processes(script: str, out: Path, result_file: str) -> dict:
-    """Run ``bench/<script> --smoke --out <out>`` under torchrun in 2 gloo processes; assert it exits 0 and return
-    the JSON it wrote to ``out / result_file``."""
+def bench_smoke_two_processes(module: str, out: Path, result_file: str) -> dict:
+    """Run ``python -m bench.<module> --smoke --out <out>`` under torchrun in 2 gloo processes; assert it exits 0
+    and return the JSON it wrote to ``out / result_file``."""
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
     p = subprocess.run(
@@ -104,7 +107,8 @@ def bench_smoke_two_processes(script: str, out: Path, result_file: str) -> dict:
             "--standalone",
             "--nproc_per_node",
             "2",
-            f"bench/{script}",
+            "-m",
+            f"bench.{module}",
             "--smoke",
             "--out",
             str(out),

@@ -1,18 +1,17 @@
-"""Smoke test of bench/pipeline_ab.py: 2 gloo processes under torchrun, tiny sizes, every suite; checks the JSON
-and markdown it writes (numbers are not asserted: speed is measured on GPUs, see docs/benchmarks.md)."""
+"""Smoke test of ``bench.pipeline_ab``: 2 gloo processes under torchrun, tiny sizes, every suite; checks the JSON
+and markdown it writes (numbers are not asserted: speed is measured on GPUs, see docs/performance.md)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, bench_smoke_two_processes
+from conftest import bench_smoke_two_processes
 
 
 def test_pipeline_ab_smoke_two_processes(tmp_path: Path) -> None:
-    data = bench_smoke_two_processes("pipeline_ab.py", tmp_path, "pipeline_ab.json")
+    data = bench_smoke_two_processes("pipeline_ab", tmp_path, "pipeline_ab.json")
     rows = {(r["config"], r["variant"]): r for r in data["results"]}
     assert data["meta"]["world"] == 2 and data["meta"]["backend"] == "gloo"
     for st in ("table_wise", "row_wise"):
@@ -33,8 +32,7 @@ def test_idle_gaps_splits_host_and_device_waits() -> None:
     """``pipeline_ab.idle_gaps`` on a hand-made Chrome trace (2 steps, times in us): a gap ended by a kernel
     launched after it began is the host's (blamed on the blocking call inside it, else on the launching frame);
     a gap ended by a kernel queued before it began is a device-side wait; holes under ``min_us`` do not count."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import pipeline_ab as ab
+    from bench import pipeline_ab as ab
 
     def k(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict:
         return {
@@ -103,9 +101,7 @@ def test_batch_pool_ids_dtype() -> None:
     loads them in; lengths stay int32."""
     import torch
 
-    sys.path.insert(0, str(REPO / "bench"))
-    import pipeline_ab as ab
-
+    from bench import pipeline_ab as ab
     from dlrm.config import ModelConfig
 
     mc = ModelConfig(

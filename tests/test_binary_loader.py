@@ -3,7 +3,6 @@ memory-mapped loader equal to the in-memory path, rank layout, MLPerf splits, ba
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List
 
@@ -12,12 +11,12 @@ import pytest
 import torch
 
 import dlrm.data as D
+from conftest import run_gloo
 from dlrm.config import compose, to_config
 from dlrm.data import binary as B
 from dlrm.data import multihot as MH
 from dlrm.data import preprocess as P
 from dlrm.model import FEATURE_NAMES
-from conftest import run_gloo
 
 ROWS = [50, 7, 300, 3, 1000, 3, 20, 11, 63, 50, 90, 40, 10, 22, 19, 155, 4, 97, 14, 50, 400, 50, 59, 13, 108, 36]
 SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]  # MLPerf sizes

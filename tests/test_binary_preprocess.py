@@ -15,15 +15,10 @@ from typing import List
 import numpy as np
 import pytest
 
-from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle
-from dlrm.data import binary as B
+from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
 from dlrm.data import preprocess as P
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
-needs_tb = pytest.mark.skipif(
-    not TB_SAMPLE.is_file(),
-    reason=f"real Criteo 1TB rows not found at {TB_SAMPLE} (the repo expects ../shared/data/criteo beside it)",
-)
 ROWS = [
     1000,
     39060,

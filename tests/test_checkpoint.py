@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,9 +15,9 @@ from typing import Dict, List
 
 import pytest
 import torch
+from test_train_e2e import BIN, ENV, records, run
 
 from conftest import REPO, run_gloo
-from test_train_e2e import BIN, ENV, records, run
 
 SMALL = [
     "data.batch_size=64",
@@ -183,6 +182,7 @@ def _plan_types(name: str) -> Dict[int, str]:
 
 
 def _build(plan_name: str, cfg):
+    import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -190,8 +190,6 @@ def _build(plan_name: str, cfg):
     from dlrm.dist import init_distributed
     from dlrm.model import build_model
     from dlrm.sharding import EmbeddingBagSharder, dense_params, fuse_embedding_optimizer, topology
-
-    import torch.distributed as dist
 
     info = init_distributed("cpu")
     torch.manual_seed(1)
@@ -268,7 +266,8 @@ def test_reshard_on_load_and_export(tmp_path: Path) -> None:
     loads into the plain unsharded model with the same predictions."""
     from dlrm.config import compose, to_config
     from dlrm.data import load_splits, to_batch
-    from dlrm.export import full_state_dict, main as export_main
+    from dlrm.export import full_state_dict
+    from dlrm.export import main as export_main
     from dlrm.model import FEATURE_NAMES, build_model
 
     a, b, c = (str(tmp_path / x) for x in "abc")
@@ -371,7 +370,7 @@ def test_async_save_on_cuda_staging_stream_is_the_step_state(tmp_path: Path) -> 
         for _ in range(3):
             t.pipeline.progress(it)
             t.step += 1
-        t.ckpt.save(t, None, block=False)
+        t.ckpt.save(t.state, block=False)
         assert isinstance(t.ckpt._writer, _StreamStagedWriter)
         ref = _local_pieces(app_state(t.model, t.optimizer))  # on the training stream: step 3's values
         for _ in range(3):

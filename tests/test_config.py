@@ -101,3 +101,43 @@ def test_unknown_key_fails_at_compose_time() -> None:
         to_config(compose(["+model.no_such_key=1"]))
     with pytest.raises(Exception, match="batchsize"):
         compose(["data.batchsize=3"])
+
+
+def test_every_field_has_a_docstring() -> None:
+    """Each schema field (nested sections aside) has the docstring beside it that docs/configuration.md shows."""
+    import dataclasses
+
+    from dlrm import config as C
+
+    for prefix, schema in C._sections():
+        docs = C.field_docs(schema)
+        for f in dataclasses.fields(schema):
+            nested = f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
+            assert nested or docs.get(f.name), f"{prefix}{f.name} has no docstring beside it in dlrm/config.py"
+
+
+def test_configuration_reference_is_up_to_date() -> None:
+    """docs/configuration.md is what `python -m dlrm.config --markdown docs/configuration.md` writes."""
+    from dlrm.config import configuration_markdown
+
+    current = (CONF.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert current == configuration_markdown(), (
+        "docs/configuration.md is out of date: regenerate it with "
+        "python -m dlrm.config --markdown docs/configuration.md"
+    )
+
+
+def test_configuration_reference_names_every_key_and_default() -> None:
+    from dlrm.config import configuration_markdown
+
+    text = configuration_markdown()
+    for row in (
+        "| `perf.compile` | `false` | `perf=fast`: `true` |",
+        "| `eval.every_n_steps` | `128` |",
+        "| `model.embedding_dim` | `16` | `model=dlrm_v2`: `128` |",
+        "| `sharding.constraints.<table>.sharding_types` | `null` |",
+        "| `seed` | `0` |",
+    ):
+        assert row in text, row
+    for removed in ("allreduce_group", "allreduce_max_ctas", "input_dist_max_ctas", "coordinate_descent"):
+        assert removed not in text

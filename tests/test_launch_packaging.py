@@ -9,9 +9,10 @@ import re
 import site
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Dict
+
+import tomllib
 
 from conftest import REPO
 

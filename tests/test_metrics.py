@@ -13,12 +13,12 @@ from conftest import run_gloo
 from dlrm.metrics import AUCHistogram, EvalAccumulator, global_auc
 
 # per rank: (predictions, labels)
-ISSUE_CASE = [([0.2, 0.4], [0, 1]), ([0.6, 0.8], [0, 1])]
+HALF_AND_HALF = [([0.2, 0.4], [0, 1]), ([0.6, 0.8], [0, 1])]
 UNEVEN = [([0.9, 0.1, 0.35, 0.35], [1, 0, 1, 0]), ([0.35], [1])]
 EMPTY_RANK = [([0.3, 0.7, 0.5], [0, 1, 1]), ([], [])]
 
 
-CASES = {"issue": ISSUE_CASE, "uneven": UNEVEN, "empty_rank": EMPTY_RANK}
+CASES = {"half_and_half": HALF_AND_HALF, "uneven": UNEVEN, "empty_rank": EMPTY_RANK}
 
 
 def _auc_worker(rank: int, world: int, cases):
@@ -43,7 +43,7 @@ def test_global_auc_two_ranks_equals_sklearn(name: str, two_rank_aucs) -> None:
     want = roc_auc_score(y, p)
     assert got[0] == got[1]  # the same value on every rank
     assert got[0] == pytest.approx(want, abs=1e-7)
-    if case is ISSUE_CASE:
+    if case is HALF_AND_HALF:
         assert got[0] == pytest.approx(0.75, abs=1e-7)
 
 

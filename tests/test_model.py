@@ -96,7 +96,7 @@ def test_zero_copy_sparse_arch_equals_torchrec_sparse_arch(permute: bool, in_key
             super().__init__()
             self.ebc = ebc
 
-        def embedding_bag_configs(self):  # noqa: ANN201 - what SparseArch reads at construction
+        def embedding_bag_configs(self):  # what SparseArch reads at construction
             return ebc.embedding_bag_configs()
 
         def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:

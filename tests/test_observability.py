@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_train_e2e import BIN, ENV, records, run
 
 from conftest import REPO
 from dlrm.config import OptimizerConfig
 from dlrm.schedule import lr_at
-from test_train_e2e import BIN, ENV, records, run
 
 SMALL = [
     "data.num_train_samples=4096",

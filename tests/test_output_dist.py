@@ -29,11 +29,10 @@ CASES = [([4, 4], [12, 20], True), ([3, 5], [0, 16], False), ([6, 6], [8, 8], Fa
 
 def _a2a_worker(rank: int, world: int) -> List[Dict[str, Any]]:
     import torch.distributed as dist
+    from torchrec.distributed import comm_ops
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
 
     from dlrm.output_dist import use_lean_output_dist
-
-    from torchrec.distributed import comm_ops
 
     out = []
     for i, (batch, dims, contiguous) in enumerate(CASES):
@@ -103,14 +102,18 @@ TINY = [
 
 
 def pooled_all_to_alls(model: torch.nn.Module) -> List[Any]:
-    """Every ``PooledEmbeddingsAllToAll`` of ``model``'s sharded modules: their output dists are kept in a plain
-    list, ``_output_dists``, so they are not submodules."""
+    """Every ``PooledEmbeddingsAllToAll`` of ``model``'s sharded modules (their output dists are kept in a plain
+    list, not as submodules)."""
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
+    from torchrec.distributed.types import ShardedModule
+
+    from dlrm.torchrec_compat import output_dists
 
     found = {
         id(m): m
         for module in model.modules()
-        for od in getattr(module, "_output_dists", None) or []
+        if isinstance(module, ShardedModule)
+        for od in output_dists(module)
         for m in od.modules()
         if type(m) is PooledEmbeddingsAllToAll
     }
@@ -162,7 +165,7 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
         never = torch.nn.Module()  # an all-to-all reported due whose backward never comes
         while True:
             if plan == "held_to_the_end":
-                built.held_allreduce.output_dist_forward(never)
+                built.perf.held_allreduce.output_dist_forward(never)
             try:
                 losses.append(built.pipeline.progress(it)[0].detach().clone())
             except StopIteration:
@@ -177,11 +180,11 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
             "losses": losses,
             "eval_logits": logits.clone(),
             "held": None
-            if built.held_allreduce is None
+            if built.perf.held_allreduce is None
             else (
-                built.held_allreduce.forwards,
-                built.held_allreduce.held_passes,
-                built.held_allreduce.released_at_end,
+                built.perf.held_allreduce.forwards,
+                built.perf.held_allreduce.held_passes,
+                built.perf.held_allreduce.released_at_end,
             ),
             "rank_blocks": sum(bool(getattr(m, "_dlrm_rank_blocks", False)) for m in a2as),
             "tables": {
@@ -191,13 +194,13 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
             },
             "a2as": len(a2as),
             "switched": sum("forward" in vars(m) for m in a2as),
-            "set_up": built.lean_output_dists,
+            "set_up": built.perf.lean_output_dists,
             "plan": sorted({s["sharding_type"] for s in built.model.plan_info.shards}),
         }
     # row_wise sends pooled embeddings by reduce-scatter: of its output dists only t_cat_3's (column_wise, by TINY's
     # constraint) is set up
     built = build_training(to_config(compose(TINY + ["sharding=row_wise", "perf.lean_output_dist=true"])), info, 8)
-    res["row_wise_set_up"] = built.lean_output_dists
+    res["row_wise_set_up"] = built.perf.lean_output_dists
     return res
 
 
@@ -247,8 +250,8 @@ def test_trainer_trains_the_same_with_the_lean_output_dist() -> None:
                 assert all(torch.equal(a, b) for a, b in zip(ref["tables"][k], held["tables"][k])), (name, k)
 
 
-def _held_worker(rank: int, world: int) -> Dict[str, Any]:
-    """DDP over a Linear, 3 steps, with and without :class:`dlrm.comms.AllReduceAfterOutputDist`; a stand-in for
+def _held_run(rank: int, hold: bool) -> Dict[str, Any]:
+    """DDP over a Linear, 3 steps, with or without :class:`dlrm.comms.AllReduceAfterOutputDist`; a stand-in for
     the output dist (``Late``) is created before the Linear in forward, so autograd runs it after the Linear's
     gradient accumulation and DDP's hook: the order seen on GPU, where the hook must hold the bucket."""
     import torch.distributed as dist
@@ -256,45 +259,42 @@ def _held_worker(rank: int, world: int) -> Dict[str, Any]:
 
     from dlrm.comms import AllReduceAfterOutputDist
 
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Linear(4, 3), static_graph=True)
+    held = AllReduceAfterOutputDist(dist.group.WORLD, static_graph=True) if hold else None
+    if held is not None:
+        ddp.register_comm_hook(None, held.hook)
+    order: List[str] = []
+
+    class Late(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            if held is not None:
+                held.output_dist_forward(ctx)
+            return z * 1.0
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            order.append(f"late, {len(held.pending) if held is not None else 0} held")
+            if held is not None:
+                held.output_dist_issued(ctx)
+            return g
+
+    g = torch.Generator().manual_seed(rank)
+    grads = []
+    for _ in range(3):
+        z = torch.randn(5, 3, generator=g, requires_grad=True)
+        zz = Late.apply(z)  # before the Linear: a lower sequence number, so it runs last in backward
+        loss = (ddp(torch.randn(5, 4, generator=g)) * zz).sum()
+        loss.backward()
+        grads.append((ddp.module.weight.grad.clone(), z.grad.clone()))
+        ddp.zero_grad()
+    return {"grads": grads, "order": order, "held": None if held is None else (held.held_passes, held.released_at_end)}
+
+
+def _held_worker(rank: int, world: int) -> Dict[str, Any]:
     torch.set_num_threads(1)
-    res: Dict[str, Any] = {}
-    for name in ("plain", "held"):
-        torch.manual_seed(0)
-        ddp = DDP(torch.nn.Linear(4, 3), static_graph=True)
-        held = AllReduceAfterOutputDist(dist.group.WORLD, static_graph=True) if name == "held" else None
-        if held is not None:
-            ddp.register_comm_hook(None, held.hook)
-        order: List[str] = []
-
-        class Late(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx: Any, z: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-                if held is not None:
-                    held.output_dist_forward(ctx)
-                return z * 1.0
-
-            @staticmethod
-            def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-                order.append(f"late, {len(held.pending) if held is not None else 0} held")
-                if held is not None:
-                    held.output_dist_issued(ctx)
-                return g
-
-        g = torch.Generator().manual_seed(rank)
-        grads = []
-        for _ in range(3):
-            z = torch.randn(5, 3, generator=g, requires_grad=True)
-            zz = Late.apply(z)  # before the Linear: a lower sequence number, so it runs last in backward
-            loss = (ddp(torch.randn(5, 4, generator=g)) * zz).sum()
-            loss.backward()
-            grads.append((ddp.module.weight.grad.clone(), z.grad.clone()))
-            ddp.zero_grad()
-        res[name] = {
-            "grads": grads,
-            "order": order,
-            "held": None if held is None else (held.held_passes, held.released_at_end),
-        }
-    return res
+    return {"plain": _held_run(rank, hold=False), "held": _held_run(rank, hold=True)}
 
 
 def test_held_all_reduce_waits_for_the_all_to_all() -> None:
@@ -308,27 +308,3 @@ def test_held_all_reduce_waits_for_the_all_to_all() -> None:
         for (wa, za), (wb, zb) in zip(res["plain"]["grads"], res["held"]["grads"]):
             assert torch.equal(wa, wb) and torch.equal(za, zb), rank
         assert not torch.equal(res["plain"]["grads"][0][0], res["plain"]["grads"][1][0])
-
-
-def test_torchrec_private_names_exist() -> None:
-    """The names dlrm/output_dist.py reads; a TorchRec upgrade that renames one fails here, naming it."""
-    import inspect
-    import re
-
-    from torchrec.distributed import comm_ops
-    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
-    from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
-
-    from dlrm.output_dist import BUILDERS, PRIVATE_NAMES, _dist_classes
-
-    assert isinstance(comm_ops.GRADIENT_DIVISION, bool) and callable(comm_ops.get_use_sync_collectives)
-    assert {"pg", "req", "tensor", "a2ai", "wait_function", "dummy_tensor"} <= set(
-        re.findall(r"self\.(\w+)", inspect.getsource(comm_ops.Request.__init__))
-    )
-    for cls, (builder, pg_attr) in _dist_classes().items():
-        assert builder in BUILDERS and callable(getattr(cls, builder)), (cls, builder)
-        assert f"self.{pg_attr}" in inspect.getsource(cls.__init__), (cls, pg_attr)
-    assert {TwPooledEmbeddingDist, TwRwPooledEmbeddingDist} <= set(_dist_classes())
-    src = inspect.getsource(__import__("torchrec.distributed.dist_data", fromlist=["x"]).PooledEmbeddingsAllToAll)
-    for name in PRIVATE_NAMES:
-        assert f"self.{name} =" in src or f"self.{name}:" in src, name

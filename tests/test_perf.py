@@ -1,4 +1,4 @@
-"""Speed levers ``perf.*`` (issue 9): config checks, fp16 tables in the planner, autocast, torch.compile of the
+"""Speed levers ``perf.*``: config checks, fp16 tables in the planner, autocast, torch.compile of the
 dense side through TorchRec's pipeline, fp16 tables and pooled embeddings on CPU, and bench/throughput.py.
 
 One spawned gloo process (``run_gloo(1, ...)``) trains a tiny model through ``build_training`` four ways (fp32,
@@ -66,10 +66,10 @@ def test_perf_presets_compose() -> None:
         fast.compile,
         fast.compile_mode,
     ) == ("fast", "fp32", "bf16", "bf16", True, True, "default")
-    # seventh session (docs/benchmarks.md): bf16 DCN stream, one unsplit graph, 100 MiB DDP buckets
+    # bf16 DCN stream, one unsplit graph, 100 MiB DDP buckets
     assert (fast.dcn_residual_dtype, fast.compile_ddp_split, fast.ddp_bucket_cap_mb) == ("autocast", False, 100)
     assert (fp32.dcn_residual_dtype, fp32.compile_ddp_split, fp32.ddp_bucket_cap_mb) == ("fp32", True, 25)
-    # ninth session: the lean output dist (rank blocks) and the all-reduce held behind the backward all-to-all
+    # the lean output dist (rank blocks) and the all-reduce held behind the backward all-to-all
     assert (fast.lean_output_dist, fast.allreduce_after_output_dist) == (True, True)
     assert (fp32.lean_output_dist, fp32.allreduce_after_output_dist) == (False, False)
     # a lever on top of a preset
@@ -88,23 +88,7 @@ def test_perf_presets_compose() -> None:
             "config key `perf.embedding_output_dtype`: got 'half'; use fp32, fp16 or bf16",
         ),
         (["perf.autocast=fp32"], "config key `perf.autocast`: got 'fp32'; use none, bf16 or fp16"),
-        (
-            ["perf.coordinate_descent_tuning=true"],
-            "config key `perf.coordinate_descent_tuning`: tunes compiled kernels "
-            "and has no effect while perf.compile=false; add perf.compile=true",
-        ),
         (["perf.tbe_bounds_check=off"], "config key `perf.tbe_bounds_check`: got 'off'; use warning, fatal or none"),
-        (["perf.allreduce_group=own"], "config key `perf.allreduce_group`: got 'own'; use shared or dedicated"),
-        (
-            ["perf.allreduce_max_ctas=4"],
-            "config key `perf.allreduce_max_ctas`: sets the dedicated all-reduce group's NCCL "
-            "communicator (CUDA runs only) and has no effect while perf.allreduce_group=shared; add "
-            "perf.allreduce_group=dedicated, or drop it on CPU",
-        ),
-        (
-            ["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=0"],
-            "config key `perf.allreduce_max_ctas`: got 0; use a count of thread blocks >= 1, or null for NCCL's choice",
-        ),
         (["perf.allreduce_dtype=int8"], "config key `perf.allreduce_dtype`: got 'int8'; use fp32, fp16 or bf16"),
         (
             ["perf.compile_ddp_split=false"],
@@ -117,19 +101,19 @@ def test_perf_presets_compose() -> None:
         ),
         (
             ["perf.allreduce_after_output_dist=true"],
-            "config key `perf.allreduce_after_output_dist`: holds DDP's "
-            "all-reduce until the lean output dists' backward all-to-alls are issued; add perf.lean_output_dist=true, or "
-            "set perf.allreduce_after_output_dist=false",
+            "config key `perf.allreduce_after_output_dist`: holds DDP's all-reduce until the lean output dists' "
+            "backward all-to-alls are issued; add perf.lean_output_dist=true, or set "
+            "perf.allreduce_after_output_dist=false",
         ),
         (
             ["perf=fast", "perf.lean_output_dist=false"],
             "config key `perf.allreduce_after_output_dist`: holds DDP's all-reduce",
         ),
         (
-            ["perf=fast", "perf.allreduce_group=dedicated"],
+            ["perf=fast", "perf.allreduce_dtype=fp16"],
             "config key `perf.allreduce_after_output_dist`: issues DDP's "
-            "fp32 all-reduce (PyTorch's default hook) on the shared group; with perf.allreduce_dtype=fp32 and "
-            "perf.allreduce_group=dedicated set perf.allreduce_after_output_dist=false (or use fp32 and shared)",
+            "fp32 all-reduce (PyTorch's default hook); with perf.allreduce_dtype=fp16 set "
+            "perf.allreduce_after_output_dist=false (or use perf.allreduce_dtype=fp32)",
         ),
         (
             ["sharding.data_parallel_max_rows=0"],
@@ -148,9 +132,9 @@ def test_perf_presets_compose() -> None:
         ),
         (
             ["perf.compile_mode=reduce-overhead"],
-            "config key `perf.compile_mode`: reduce-overhead captures CUDA graphs: "
-            "not faster on H200, and the trainer's validation with them is not re-tested since it failed "
-            "(docs/benchmarks.md); use default or max-autotune-no-cudagraphs",
+            "config key `perf.compile_mode`: reduce-overhead captures CUDA graphs, "
+            "which the trainer does not run (not faster on H200: docs/performance.md); use default or "
+            "max-autotune-no-cudagraphs",
         ),
         (
             ["perf=fast", "perf.compile_mode=max-autotune"],
@@ -239,14 +223,6 @@ def test_bf16_is_refused_on_cpu_before_building() -> None:
         build_training(to_config(compose(TINY + ["perf.allreduce_dtype=bf16"])), info, BATCH)
     assert str(e.value) == (
         "config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; use fp16 or fp32 on CPU"
-    )
-    with pytest.raises(ConfigError) as e:
-        build_training(
-            to_config(compose(TINY + ["perf.allreduce_group=dedicated", "perf.allreduce_max_ctas=4"])), info, BATCH
-        )
-    assert str(e.value) == (
-        "config key `perf.allreduce_max_ctas`: an NCCL communicator setting, and this run is on "
-        "CPU (gloo); drop it (perf.allreduce_max_ctas=null)"
     )
 
 
@@ -517,14 +493,14 @@ def _full_tables(dmp) -> Dict[str, torch.Tensor]:
     return out
 
 
-def _train(overrides: List[str], batches: list, base: List[str] = TINY) -> Dict[str, Any]:
+def _train(overrides: List[str], batches: list, base: List[str] = TINY, hooks: Any = None) -> Dict[str, Any]:
     from dlrm.dist import init_distributed
     from dlrm.trainer import build_training
 
     cfg = to_config(compose(base + overrides))
     info = init_distributed("cpu")
     torch.manual_seed(0)
-    built = build_training(cfg, info, BATCH)
+    built = build_training(cfg, info, BATCH, hooks=hooks)
     dmp = built.model
     res: Dict[str, Any] = {
         "keys": sorted(dmp.state_dict()),
@@ -558,6 +534,7 @@ def _train(overrides: List[str], batches: list, base: List[str] = TINY) -> Dict[
         }
     )
     res["compiled"] = list(dmp.module.compiled_parts)
+    res["setup_compiled"] = built.perf.compiled
     res["bucket_bytes_cap"] = dmp._dmp_wrapped_module.bucket_bytes_cap  # DDP's, as TorchRec built it
     res["optimize_ddp"] = torch._dynamo.config.optimize_ddp  # what the step compiled under
     res["crossnet"] = type(dmp.module.model.inter_arch.crossnet).__name__
@@ -590,6 +567,20 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     # perf=fast as it runs on CPU (fp32 pooled embeddings): bf16 autocast with the bf16 DCN stream, one graph
     out["fast"] = _train(["perf=fast", "perf.embedding_output_dtype=fp32", "model.dcn_num_layers=2"], batches)
     out["fast_ref"] = _train(["model.dcn_num_layers=2"], batches)  # the same network in fp32, eager
+    # a caller's compile function (dlrm.trainer.BuildHooks) gets the trainer's call and replaces compile_dense
+    from dlrm.perf import compile_dense
+    from dlrm.trainer import BuildHooks
+
+    calls: List[Any] = []
+
+    def recording(model: Any, mode: str, ddp_split: bool) -> List[str]:
+        calls.append((type(model).__name__, mode, ddp_split))
+        return compile_dense(model, mode, ddp_split)
+
+    out["hooked"] = _train(
+        ["perf.compile=true", "perf.compile_ddp_split=false"], batches, hooks=BuildHooks(compile_dense=recording)
+    )
+    out["hook_calls"] = calls
     out["batches"] = batches
     return out
 
@@ -613,6 +604,23 @@ def test_compiled_dense_side_trains_like_eager_through_the_pipeline(trained) -> 
     # of a table after 6 steps, Adagrad with a zero-started accumulator amplifying near-zero gradients)
     for t, w in eager["tables"].items():
         torch.testing.assert_close(comp["tables"][t], w, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_hook_gets_the_trainers_call_and_trains_like_the_trainer(trained) -> None:
+    """``BuildHooks.compile_dense`` is called once, as the trainer calls ``dlrm.perf.compile_dense`` (the unwrapped
+    model, ``perf.compile_mode``, ``perf.compile_ddp_split``), and what it returns is what the build reports; the
+    step trains as the trainer's own compiled one-graph step does."""
+    assert trained["hook_calls"] == [("DLRMTrainAutocast", "default", False)]
+    hooked = trained["hooked"]
+    assert (
+        hooked["setup_compiled"]
+        == hooked["compiled"]
+        == ["model.dense_arch", "model.inter_arch", "model.over_arch", "loss"]
+    )
+    assert hooked["optimize_ddp"] is False and len(hooked["losses"]) == STEPS
+    torch.testing.assert_close(
+        torch.tensor(hooked["losses"]), torch.tensor(trained["compile"]["losses"]), rtol=1e-5, atol=0
+    )
 
 
 def test_one_graph_and_bucket_size_keys_reach_dynamo_and_ddp(trained) -> None:
@@ -674,17 +682,16 @@ def test_fp16_tables_and_pooled_embeddings_on_cpu(trained) -> None:
 
 # ------------------------------------------------------------------------------------------------------ bench
 def _bench_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
-    torch.set_num_threads(1)
-    sys.path.insert(0, str(REPO / "bench"))
-    import throughput
+    from bench import throughput
 
+    torch.set_num_threads(1)
     return throughput.main(
         [
             "--smoke",
             "--variants",
             "stock",
             "fp32",
-            "emb_fp16",
+            "fp16_tables",
             "--profile",
             "fp32",
             "--out",
@@ -701,7 +708,7 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
     assert data["results"] == json.loads(json.dumps(rows, default=str))
     assert data["meta"]["world"] == 1 and data["meta"]["smoke"] is True and data["meta"]["ids_dtype"] == "int32"
     # stock runs first and again last (drift check)
-    assert [r["config"] for r in data["results"]] == ["stock", "fp32", "emb_fp16", "stock"]
+    assert [r["config"] for r in data["results"]] == ["stock", "fp32", "fp16_tables", "stock"]
     for r in data["results"]:
         assert "error" not in r, r
         assert r["batch_per_rank"] == 32 and len(r["ms_repeats"]) == 2 and all(t > 0 for t in r["ms_repeats"])
@@ -710,14 +717,14 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
         assert 0.0 < r["last_loss"] < 5.0
         assert 0 < r["host_ms_per_step"] < 10 * r["ms_max"], r  # median host time to issue one step
     by = {r["config"]: r for r in data["results"]}
-    assert by["emb_fp16"]["overrides"] == ["perf.embedding_dtype=fp16"]
-    assert all(t != "data_parallel" for t, _ in by["emb_fp16"]["plan"])
+    assert by["fp16_tables"]["overrides"] == ["perf.embedding_dtype=fp16"]
+    assert all(t != "data_parallel" for t, _ in by["fp16_tables"]["plan"])
     # --profile on CPU: no device kernels, so no GPU busy or idle time, and the host syncs are listed
     gaps = by["fp32"]["idle_gaps"]
     assert (gaps["busy_ms_per_step"], gaps["idle_ms_per_step"], gaps["top"]) == (0.0, 0.0, [])
-    assert "breakdown_ms_per_step" in by["fp32"] and "idle_gaps" not in by["emb_fp16"]
+    assert "breakdown_ms_per_step" in by["fp32"] and "idle_gaps" not in by["fp16_tables"]
     md = (tmp_path / "throughput.md").read_text()
-    assert "| emb_fp16 | perf.embedding_dtype=fp16 | 32 |" in md and "; KJT ids int32)" in md.splitlines()[0]
+    assert "| fp16_tables | perf.embedding_dtype=fp16 | 32 |" in md and "; KJT ids int32)" in md.splitlines()[0]
 
 
 def test_plan_that_forgets_fp32_adagrad_state_of_fp16_tables_is_refused() -> None:
@@ -765,8 +772,7 @@ def test_plan_that_forgets_fp32_adagrad_state_of_fp16_tables_is_refused() -> Non
 
 
 def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
-    sys.path.insert(0, str(REPO / "bench"))
-    import throughput
+    from bench import throughput
 
     torch.set_num_threads(1)
     return throughput.main(
@@ -777,7 +783,7 @@ def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
             "table_wise",
             "--variants",
             "fp32",
-            "fast_sparsearch_copy",
+            "fast_torchrec_sparse_arch",
             "fast_bounds_check",
             "--out",
             out,
@@ -785,35 +791,28 @@ def _alternate_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
     )
 
 
-def test_throughput_alternating_and_patched_variants(tmp_path: Path) -> None:
-    """2 gloo ranks, table_wise: ``--alternate`` interleaves the repeats of variants built together; the
-    ``PATCHES`` variant really runs with its patch (TorchRec's SparseArch forward, a copy into feature order
-    before the dense step) and only it does; ``perf.tbe_bounds_check`` reaches the TBEs (``perf=fast``: none;
-    fp32: FBGEMM's warning); the copy and the bounds check train exactly like ``perf=fast``, whose
-    pooled embeddings come out of feature order on 2 ranks and are reordered inside the dense step (bitwise-equal
-    last loss)."""
+def test_throughput_alternating_and_hooked_variants(tmp_path: Path) -> None:
+    """2 gloo ranks, table_wise: ``--alternate`` interleaves the repeats of variants built together; the ``HOOKS``
+    variant really runs with TorchRec's ``SparseArch`` (a copy into feature order before the dense step) and only
+    it does; it and the bounds check train exactly like ``perf=fast``, whose pooled embeddings come out of feature
+    order on 2 ranks and are reordered inside the dense step (bitwise-equal last loss)."""
     rows = run_gloo(2, _alternate_worker, str(tmp_path), timeout=600)[0]
     by = {r["config"]: r for r in rows}
-    assert [r["config"] for r in rows] == ["fp32", "fast_sparsearch_copy", "fast_bounds_check"]
+    assert [r["config"] for r in rows] == ["fp32", "fast_torchrec_sparse_arch", "fast_bounds_check"]
     for r in rows:
         assert "error" not in r, r
         assert r["order"] == "alternating" and len(r["ms_repeats"]) == 2 and min(r["ms_repeats"]) > 0, r
-    assert by["fp32"]["sparse_arch_forward"] == "ZeroCopySparseArch.forward"
-    assert by["fast_sparsearch_copy"]["sparse_arch_forward"] == "SparseArch.forward"
-    assert by["fast_bounds_check"]["sparse_arch_forward"] == "ZeroCopySparseArch.forward"
-    # FBGEMM BoundsCheckMode: 1 WARNING (its default), 3 NONE
-    assert by["fp32"]["tbe_bounds_check_modes"] == [1] == by["fast_bounds_check"]["tbe_bounds_check_modes"]
-    assert by["fast_sparsearch_copy"]["tbe_bounds_check_modes"] == [3]
+    assert by["fp32"]["sparse_arch"] == "ZeroCopySparseArch" == by["fast_bounds_check"]["sparse_arch"]
+    assert by["fast_torchrec_sparse_arch"]["sparse_arch"] == "SparseArch"
     assert by["fp32"]["compiled"] == []
     assert by["fast_bounds_check"]["compiled"] == ["model.dense_arch", "model.inter_arch", "model.over_arch", "loss"]
     assert json.loads((tmp_path / "throughput.json").read_text())["meta"]["alternate"] is True
-    assert by["fast_bounds_check"]["last_loss"] == by["fast_sparsearch_copy"]["last_loss"]
+    assert by["fast_bounds_check"]["last_loss"] == by["fast_torchrec_sparse_arch"]["last_loss"]
 
 
 def test_throughput_probe_arguments_are_checked() -> None:
     """``--probe`` takes host:MS or gpu:MS; anything else stops at argument parsing, before any build."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import throughput
+    from bench import throughput
 
     assert throughput.parse_args(["--probe", "host:0.5", "gpu:1"]).probe == ["host:0.5", "gpu:1"]
     for bad in ("host:x", "cpu:1", "gpu:0", "host"):
@@ -821,43 +820,22 @@ def test_throughput_probe_arguments_are_checked() -> None:
             throughput.parse_args(["--probe", bad])
 
 
-def test_patched_compile_functions_take_what_the_trainer_passes() -> None:
-    """The bench's ``compile_dense`` replacements (``PATCHES``) accept the trainer's call
-    (``dlrm/trainer.py``: model, mode, coordinate-descent tuning, DDP split), and its ``use_lean_output_dist``
-    replacement the trainer's call of that: a new argument that they lack would fail those variants only on the
-    GPU host."""
-    import inspect
+def test_every_bench_variant_composes() -> None:
+    """Every ``bench.throughput`` variant's overrides compose and validate on top of its base model (the balanced
+    plan's file is read only at build time), and every ``HOOKS`` entry names a variant."""
+    from bench import throughput
 
-    sys.path.insert(0, str(REPO / "bench"))
-    import throughput
-
-    from dlrm.model import compile_dense
-
-    from dlrm.output_dist import use_lean_output_dist
-
-    trainer_call = (object(), "default", False, True)
-    inspect.signature(compile_dense).bind(*trainer_call)
-    swapped = {
-        target: [fn for patch, _ in throughput.PATCHES.values() for t, fn in patch.items() if t == target]
-        for target in ("dlrm.trainer:compile_dense", "dlrm.trainer:use_lean_output_dist")
-    }
-    assert [len(v) for v in swapped.values()] == [4, 1]
-    assert sum(len(patch) for patch, _ in throughput.PATCHES.values()) == 5  # no other target
-    for fn in swapped["dlrm.trainer:compile_dense"]:
-        inspect.signature(fn).bind(*trainer_call)
-    # and the lean output dist's replacement takes the trainer's call of use_lean_output_dist
-    lean_call = ((object(),), {"rank_blocks": True, "a2a_listener": None})
-    for fn in swapped["dlrm.trainer:use_lean_output_dist"] + [use_lean_output_dist]:
-        inspect.signature(fn).bind(*lean_call[0], **lean_call[1])
-    src = (REPO / "dlrm" / "trainer.py").read_text()
-    assert "compile_dense(dmp.module, perf.compile_mode, perf.coordinate_descent_tuning, perf.compile_ddp_split)" in src
-    assert "use_lean_output_dist(dmp, rank_blocks=blocks, a2a_listener=held)" in src
+    for name, overrides in throughput.LEVERS.items():
+        cfg = to_config(compose(throughput.BASE + ["sharding=table_wise"] + overrides + ["data.batch_size=8192"]))
+        assert cfg.model.name == "dlrm_v2", name
+    assert set(throughput.HOOKS) <= set(throughput.LEVERS)
+    assert (REPO / throughput.BALANCED_PLAN).is_file()
 
 
 # ------------------------------------------------------------------------------------------ all-reduce dtype
 
 
-def _reduced_grads(info: Any, dtype: str, group: str, rank: int) -> Dict[str, Any]:
+def _reduced_grads(info: Any, dtype: str, rank: int) -> Dict[str, Any]:
     """One step of a table_wise DMP on the gloo ranks: the DDP-reduced dense gradients (``backward``), then each
     rank's local ones from the same graph (``autograd.grad``, which leaves ``.grad`` and DDP's buckets alone)."""
     import torch.distributed as dist
@@ -865,22 +843,11 @@ def _reduced_grads(info: Any, dtype: str, group: str, rank: int) -> Dict[str, An
     from dlrm import data as D
     from dlrm.sharding import shard
 
-    cfg = to_config(
-        compose(TINY + ["sharding=table_wise", f"perf.allreduce_dtype={dtype}", f"perf.allreduce_group={group}"])
-    )
+    cfg = to_config(compose(TINY + ["sharding=table_wise", f"perf.allreduce_dtype={dtype}"]))
     torch.manual_seed(0)
     model = build_model(cfg.model, dense_device=torch.device("cpu"))
     pooling = {f"t_{f}": 2.0 for f in FEATURE_NAMES}
-    dmp, _ = shard(
-        model,
-        info,
-        cfg.sharding,
-        cfg.optimizer,
-        BATCH,
-        pooling,
-        allreduce_dtype=dtype,
-        allreduce_group=cfg.perf.allreduce_group,
-    )
+    dmp, _ = shard(model, info, cfg.sharding, cfg.optimizer, BATCH, pooling, allreduce_dtype=dtype)
     g = torch.Generator().manual_seed(rank)
     n = BATCH
     ids = torch.stack([torch.randint(0, r, (n,), generator=g) for r in cfg.model.table_rows], 1)
@@ -905,16 +872,11 @@ def _reduced_grads(info: Any, dtype: str, group: str, rank: int) -> Dict[str, An
 def _allreduce_worker(rank: int, world: int, dtype: str) -> Dict[str, Any]:
     import torch.distributed as dist
 
-    from dlrm import comms
     from dlrm.dist import init_distributed
 
     info = init_distributed("cpu")
-    out = _reduced_grads(info, dtype, "shared", rank)
-    dedicated = _reduced_grads(info, dtype, "dedicated", rank)
-    out["dedicated_reduced"] = dedicated["reduced"]
-    out["dedicated_on_its_group"] = dedicated["ddp_group"] is comms.allreduce_group()
-    out["shared_on_default"] = out.pop("ddp_group") is dist.group.WORLD
-    out["allreduce_group_is_not_input_dist_group"] = comms.allreduce_group() is not comms.input_dist_group()
+    out = _reduced_grads(info, dtype, rank)
+    out["on_default_group"] = out.pop("ddp_group") is dist.group.WORLD
     return out
 
 
@@ -923,8 +885,7 @@ def test_allreduce_dtype_sets_the_ddp_gradient_precision(dtype: str) -> None:
     """``perf.allreduce_dtype``: fp32 averages the ranks' dense gradients in fp32; fp16 gives exactly what
     PyTorch's ``fp16_compress_hook`` computes (each rank's gradient rounded to fp16 and halved, summed in fp16,
     copied back into the fp32 gradient), which differs from the fp32 average. (bf16 takes the same TorchRec
-    path with ``bf16_compress_hook``, which PyTorch runs on NCCL only.) ``perf.allreduce_group=dedicated`` puts
-    DDP on a process group of its own and reduces to bitwise the same gradients."""
+    path with ``bf16_compress_hook``, which PyTorch runs on NCCL only.)"""
     r0, r1 = run_gloo(2, _allreduce_worker, dtype, timeout=300)
     g0, g1 = r0["locals"]
     assert not torch.equal(g0, g1)  # the ranks saw different batches
@@ -938,8 +899,7 @@ def test_allreduce_dtype_sets_the_ddp_gradient_precision(dtype: str) -> None:
             expected = (g0.half() / 2 + g1.half() / 2).float()
             assert torch.equal(r["reduced"], expected)
             assert not torch.equal(r["reduced"], fp32_mean)
-        assert torch.equal(r["dedicated_reduced"], r["reduced"])
-        assert r["dedicated_on_its_group"] and r["shared_on_default"] and r["allreduce_group_is_not_input_dist_group"]
+        assert r["on_default_group"]
 
 
 # ------------------------------------------------------------------------------------------- TBE bounds check
@@ -983,3 +943,54 @@ def test_tbe_bounds_check_on_an_out_of_range_id() -> None:
     fatal = run_gloo(1, _bounds_worker, "fatal")[0]
     assert warning.startswith("loss ") and 0.0 < float(warning.split()[1]) < 5.0, warning
     assert fatal.startswith("RuntimeError: Expected idx < num_rows"), fatal
+
+
+# ----------------------------------------------------------------------------------- switches that would do nothing
+def test_lean_output_dist_that_finds_no_output_dist_is_refused() -> None:
+    """``perf.lean_output_dist`` on several ranks with table_wise tables, where no TorchRec output dist is found to
+    switch (a TorchRec that builds them differently), fails naming the key instead of silently running TorchRec's."""
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+    from dlrm.config import PerfConfig
+    from dlrm.perf import apply_perf
+
+    class Wrapped(torch.nn.Module):  # a DMP stand-in: .module is the train model, no sharded module inside
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = build_model(to_config(compose(TINY)).model, dense_device=torch.device("cpu"))
+
+    plan = ShardingPlan(
+        {
+            "model.sparse_arch.embedding_bag_collection": EmbeddingModuleShardingPlan(
+                {"t_cat_0": ParameterSharding(sharding_type="table_wise", compute_kernel="fused", ranks=[0])}
+            )
+        }
+    )
+    with pytest.raises(RuntimeError) as e:
+        apply_perf(Wrapped(), plan, PerfConfig(lean_output_dist=True), world_size=2)
+    assert str(e.value).startswith(
+        "perf.lean_output_dist: the plan has table_wise tables on 2 ranks, but no "
+        "TorchRec output dist sending their pooled embeddings was found to switch"
+    )
+    with pytest.raises(RuntimeError, match="perf.allreduce_after_output_dist: the sharded model has no DDP module"):
+        apply_perf(Wrapped(), plan, PerfConfig(lean_output_dist=True, allreduce_after_output_dist=True), 2)
+    # a plan with nothing to switch (row_wise: a reduce-scatter) is no error: there is nothing to do
+    rw = ShardingPlan(
+        {
+            "model.sparse_arch.embedding_bag_collection": EmbeddingModuleShardingPlan(
+                {"t_cat_0": ParameterSharding(sharding_type="row_wise", compute_kernel="fused", ranks=[0, 1])}
+            )
+        }
+    )
+    assert apply_perf(Wrapped(), rw, PerfConfig(lean_output_dist=True), world_size=2).lean_output_dists == 0
+
+
+def test_dedicated_input_dist_group_without_a_sharded_module_is_refused() -> None:
+    from dlrm.comms import use_group_for_input_dist
+
+    with pytest.raises(
+        RuntimeError,
+        match="pipeline.input_dist_group=dedicated: the model holds no TorchRec "
+        "sharded module whose input dist could move",
+    ):
+        use_group_for_input_dist(torch.nn.Linear(1, 1), None)  # type: ignore[arg-type]

@@ -24,9 +24,7 @@ from dlrm.sharding import (
     GiB,
     PlanError,
     build_constraints,
-    fuse_embedding_optimizer,
     load_plan,
-    plan_model,
     save_plan,
     tables_of,
 )
@@ -173,16 +171,18 @@ def test_plan_path_for_another_job_is_refused(tmp_path: Path) -> None:
 
 
 def test_shipped_balanced_plan_loads_for_its_model_only() -> None:
-    """``bench/plans/tw2_a.json`` (the hand-balanced 2-GPU plan the README recommends for the capped MLPerf model):
+    """``conf/plans/dlrm_v2_cap4m_2gpu_table_wise.json`` (the hand-balanced 2-GPU plan for the capped MLPerf model):
     it loads for ``model=dlrm_v2 model.row_cap=4000000`` on 2 ranks, every table table_wise, with t_cat_11 and
     t_cat_15 on rank 0 and t_cat_5 and t_cat_12 on rank 1; the uncapped model is refused (shards cover 4 M of
     40 M rows)."""
-    path = str(REPO / "bench" / "plans" / "tw2_a.json")
+    path = str(REPO / "conf" / "plans" / "dlrm_v2_cap4m_2gpu_table_wise.json")
     capped = plan_job(["model=dlrm_v2", "model.row_cap=4000000", f"sharding.plan_path={path}"], world_size=2)
     by = _by_table(capped)
     assert {ps.sharding_type for ps in by.values()} == {"table_wise"} and len(by) == 26
     assert [by[f"t_cat_{i}"].ranks for i in (11, 15, 5, 12)] == [[0], [0], [1], [1]]
-    with pytest.raises(PlanError, match=r"t_cat_0 in .*tw2_a.json: its shards cover 512000000 of 5120000000"):
+    with pytest.raises(
+        PlanError, match=r"t_cat_0 in .*dlrm_v2_cap4m_2gpu_table_wise.json: its shards cover 512000000 of 5120000000"
+    ):
         plan_job(["model=dlrm_v2", f"sharding.plan_path={path}"], world_size=2)
 
 

@@ -26,7 +26,6 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -86,10 +85,11 @@ def _column_blocks(plan: Any, table: str, dim: int) -> List[Tuple[int, int]]:
 
 
 def _case(rank: int, world: int, cfg: Any) -> Dict[str, Any]:
+    from torchrec.optim.keyed import CombinedOptimizer
+
     from dlrm.dist import init_distributed
     from dlrm.model import FEATURE_NAMES, build_model
     from dlrm.sharding import dense_optimizer, shard
-    from torchrec.optim.keyed import CombinedOptimizer
 
     info = init_distributed("cpu")
     opt = cfg.optimizer
@@ -137,7 +137,7 @@ def _case(rank: int, world: int, cfg: Any) -> Dict[str, Any]:
     init = {n: t.detach().clone() for n, t in tables.items()}
     losses = []
     lo, hi = rank * BATCH, (rank + 1) * BATCH
-    for step, (gbatch, split) in enumerate(_batches(cfg, world)):
+    for gbatch, split in _batches(cfg, world):
         from dlrm import data as D
 
         mh = D.MultiHot(cfg.model.table_rows, cfg.model.multi_hot_sizes)

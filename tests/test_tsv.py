@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 from conftest import KAGGLE_SAMPLE, TB_SAMPLE, needs_kaggle
+from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
 
 def _line(label="0", ints=None, cats=None) -> str:
@@ -82,7 +82,7 @@ def test_hash_to_rows_is_modulo_per_table() -> None:
 def test_real_kaggle_sample() -> None:
     rows = read_tsv(str(KAGGLE_SAMPLE))
     assert len(rows) == 10_000
-    assert round(float(rows.labels.mean()), 3) == 0.218  # shared/data/criteo/README.md: 21.8% positives
+    assert round(float(rows.labels.mean()), 3) == 0.218  # the sample's click rate: 21.8% positives
     assert rows.cats.max() < 2**32 and rows.ints.min() >= 0
 
 

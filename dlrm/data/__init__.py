@@ -3,8 +3,9 @@
 A :class:`Split` holds rows in memory in model terms (dense features already transformed, one table id per
 sparse feature). :func:`load_splits` builds the train and validation splits from the config (``data=synthetic``
 or ``data=criteo_tsv``; ``data=criteo_binary`` gives memory-mapped ``binary.BinarySplit`` objects that
-:func:`train_batches` / :func:`eval_batches` hand to ``dlrm/data/binary.py``); :class:`MultiHot` expands 1-hot ids into bags; :func:`train_batches` and
-:func:`eval_batches` cut a split into per-rank ``torchrec.datasets.utils.Batch`` objects.
+:func:`train_batches` / :func:`eval_batches` hand to ``dlrm/data/binary.py``); :class:`MultiHot` expands 1-hot ids
+into bags; :func:`train_batches` and :func:`eval_batches` cut a split into per-rank
+``torchrec.datasets.utils.Batch`` objects.
 
 Rank layout: global batch ``i`` is rows ``[i*G, (i+1)*G)`` (``G`` = global batch) and rank ``r`` takes the
 ``r``-th contiguous block of it, so the sequence of global batches, and hence the math, does not depend on the
@@ -23,7 +24,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.config import ConfigError, NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, DataConfig, ModelConfig
+from dlrm.config import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, ConfigError, DataConfig, ModelConfig
 from dlrm.data.criteo_tsv import RawRows, hash_to_rows, read_tsv
 from dlrm.data.multihot import build_tables
 

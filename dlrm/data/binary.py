@@ -477,7 +477,7 @@ class BatchReader:
 
         The check runs on each ``CHECK_CHUNK``-id piece right after copying it, while it is still in the core's
         L2 cache: a separate pass over the batch's 14 MB (MLPerf sizes, batch 16384) re-reads it from memory
-        and cost 0.4-0.7 ms a batch on the 2-core development machine (docs/benchmarks.md). Viewed as uint32, a
+        and cost 0.4-0.7 ms a batch on a 2-core machine. Viewed as uint32, a
         negative id is above every table size, so one ``max`` per piece catches both.
 
         Raises:

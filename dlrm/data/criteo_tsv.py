@@ -11,7 +11,7 @@ Bad input raises :class:`TsvFormatError` naming the file and the 1-based line nu
 
 Check a file by hand::
 
-    python data/check_tsv.py ../shared/data/criteo/kaggle_train_head10k.tsv
+    python data/check_tsv.py /path/to/train.txt
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import multiprocessing as mp
 import os
 import time
 import zlib
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -375,7 +375,7 @@ def multihot_day(job: Dict[str, Any]) -> Dict[str, Any]:
     sparse = B.open_npy(B.day_file(root, day, "sparse"), np.int32, NUM_CAT, job["rows"])
     w = B.NpyWriter(B.day_file(root, day, "sparse_multi_hot"), np.int32, None)
     chunk = 1 << 18
-    for t, m in enumerate(sizes):
+    for t in range(len(sizes)):
         for lo in range(0, sparse.shape[0], chunk):
             ids = np.ascontiguousarray(sparse[lo : lo + chunk, t])
             if ids.size and (ids.min() < 0 or ids.max() >= rows[t]):

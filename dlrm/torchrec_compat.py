@@ -1,0 +1,289 @@
+"""Every private TorchRec and torch name the trainer uses, in one place, behind a version check.
+
+TorchRec has no public seam for three things the trainer does: putting the input dist's KJT all-to-alls on a
+process group of their own (``pipeline.input_dist_group=dedicated``, :mod:`dlrm.comms`), sending the pooled
+embeddings without TorchRec's staging copy (``perf.lean_output_dist``, :mod:`dlrm.output_dist`), and keeping the
+DCN's residual stream in the autocast dtype (``perf.dcn_residual_dtype``, :mod:`dlrm.model`). torch has no public
+name for a few more: the pinned-copy helpers of ``torch.distributed.checkpoint`` (:mod:`dlrm.checkpoint`), the
+sharding-spec classes a loaded ``plan.json`` is rebuilt from (:mod:`dlrm.sharding`), dynamo's settings for a
+compiled step under DDP and TorchRec's fx trace (:mod:`dlrm.perf`), and the autograd engine's end-of-backward
+callback (:mod:`dlrm.comms`). Every one of them is reached through a function of this module and listed in
+:data:`PRIVATE_NAMES`; no other module of the project touches them. ``tests/test_torchrec_compat.py`` checks
+each one by behaviour (it exists and does what the trainer relies on), so a TorchRec or torch upgrade that
+changes one fails there, naming it.
+
+Importing this module checks the installed TorchRec against :data:`SUPPORTED_TORCHREC` (the versions these names
+were verified on: 1.6.x with torch 2.11 on H200, 1.8.x with torch 2.13 on CPU) and refuses any other with one
+message naming both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torchrec
+from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata  # noqa: F401 (re-export)
+from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
+from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
+from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
+from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
+from torchrec.distributed.types import ShardedModule
+from torchrec.modules.crossnet import LowRankCrossNet
+
+from dlrm.config import UnsupportedVersionError
+
+SUPPORTED_TORCHREC = ("1.6", "1.8")  # major.minor series the private names below were verified on
+
+# name -> what the trainer relies on it for (the tests check each one by behaviour)
+PRIVATE_NAMES: Dict[str, str] = {
+    "ShardedModule._create_input_dist": "method that builds a sharded module's input dists on its first batch",
+    "ShardedModule._input_dists": "list of the input dist modules built by _create_input_dist",
+    "KJTAllToAll._pg": "process group of every collective of one input dist",
+    "ShardedModule._output_dists": "list of a sharded module's output dists",
+    "TwPooledEmbeddingDist._create_output_dist_module": "builds the table_wise / column_wise pooled all-to-all",
+    "TwPooledEmbeddingDist._pg": "process group of that all-to-all",
+    "TwRwPooledEmbeddingDist._create_output_dist_modules": "builds table_row_wise's cross-host all-to-all",
+    "TwRwPooledEmbeddingDist._cross_pg": "process group of that cross-host all-to-all",
+    "GridPooledEmbeddingDist._create_output_dist_modules": "builds grid_shard's cross-host all-to-all",
+    "GridPooledEmbeddingDist._cross_pg": "process group of that cross-host all-to-all",
+    "PooledEmbeddingsAllToAll._pg": "process group of the pooled all-to-all",
+    "PooledEmbeddingsAllToAll._dim_sum_per_rank": "embedding dim sum per rank (the all-to-all's splits)",
+    "PooledEmbeddingsAllToAll._codecs": "quantized-communication codecs (None: plain all-to-all)",
+    "PooledEmbeddingsAllToAll._callbacks": "callbacks applied to the received pooled embeddings",
+    "LowRankCrossNet._num_layers": "number of DCNv2 cross layers (its parameters are lists per layer)",
+    "torch.fx._symbolic_trace.is_fx_symbolic_tracing": "true inside torch.fx symbolic tracing (TorchRec's pipeline)",
+    "torch.distributed._state_dict_utils._create_cpu_state_dict": "pinned host copies of a (sharded) state dict",
+    "torch.distributed._state_dict_utils._copy_state_dict": "copy a state dict into those host copies",
+    "torch.distributed._shard.sharding_spec.EnumerableShardingSpec": "the sharding spec of a loaded plan",
+    "torch.distributed._shard.sharding_spec.ShardMetadata": "one shard of that spec",
+    "torch._dynamo.config.error_on_nested_fx_trace": "let TorchRec's fx trace run the uncompiled dense step",
+    "torch._dynamo.config.optimize_ddp": "dynamo's split of a compiled step at DDP's gradient buckets",
+    "torch._dynamo.reset": "drop compiled code, so each build compiles under its own settings",
+    "torch.autograd.Variable._execution_engine.queue_callback": "run a function at the end of the backward pass",
+    "torch.cuda._sleep": "a kernel that spins for a number of GPU cycles (the bench's GPU probe)",
+}
+
+
+def check_torchrec_version(version: Optional[str] = None) -> None:
+    """Refuse a TorchRec outside :data:`SUPPORTED_TORCHREC`.
+
+    Args:
+        version: the version string to check (default: the installed ``torchrec.__version__``).
+
+    Raises:
+        UnsupportedVersionError: naming the installed and the supported versions.
+    """
+    v = version if version is not None else str(getattr(torchrec, "__version__", "unknown"))
+    if ".".join(v.split("+")[0].split(".")[:2]) not in SUPPORTED_TORCHREC:
+        raise UnsupportedVersionError(
+            f"torchrec {v} is installed, but this trainer relies on TorchRec internals verified on torchrec "
+            f"{' and '.join(s + '.x' for s in SUPPORTED_TORCHREC)} only (dlrm/torchrec_compat.py); install "
+            "torchrec==1.8.0 with torch 2.13 (CPU) or torchrec==1.6.1 with torch 2.11 (CUDA)"
+        )
+
+
+check_torchrec_version()
+
+
+class MissingInternalError(RuntimeError):
+    """A private TorchRec / torch name this module relies on is not there (an upgrade changed it)."""
+
+
+def _missing(name: str, where: str) -> MissingInternalError:
+    return MissingInternalError(
+        f"{where}: `{name}` is missing in this TorchRec / torch version "
+        f"({PRIVATE_NAMES[name]}); dlrm/torchrec_compat.py needs updating"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ input dist
+def input_dists(module: ShardedModule) -> List[torch.nn.Module]:
+    """The input dists a sharded module has built so far (empty before its first batch).
+
+    Raises:
+        MissingInternalError: the module keeps them elsewhere.
+    """
+    got = module.__dict__.get("_input_dists", getattr(module, "_input_dists", None))
+    if not isinstance(got, list):
+        raise _missing("ShardedModule._input_dists", type(module).__name__)
+    return got
+
+
+def after_input_dists_built(module: ShardedModule, callback: Callable[[], None]) -> None:
+    """Call ``callback()`` each time ``module`` builds its input dists (TorchRec builds them lazily, on the first
+    batch, from that batch's feature order), right after they are built and before their first collective. The
+    hook is set on this instance only.
+
+    Raises:
+        MissingInternalError: the module has no ``_create_input_dist`` method.
+    """
+    create = getattr(module, "_create_input_dist", None)
+    if not callable(create):
+        raise _missing("ShardedModule._create_input_dist", type(module).__name__)
+
+    def create_then_call(*args: Any, **kwargs: Any) -> Any:
+        out = create(*args, **kwargs)
+        callback()
+        return out
+
+    module.__dict__["_create_input_dist"] = create_then_call  # shadows the class method on this instance only
+
+
+def kjt_all_to_all_group(a2a: KJTAllToAll) -> dist.ProcessGroup:
+    """The process group of every collective one input dist issues (splits, lengths, values, weights)."""
+    pg = getattr(a2a, "_pg", None)
+    if not isinstance(pg, dist.ProcessGroup):
+        raise _missing("KJTAllToAll._pg", "KJTAllToAll")
+    return pg
+
+
+def set_kjt_all_to_all_group(a2a: KJTAllToAll, group: dist.ProcessGroup) -> None:
+    """Issue that input dist's collectives on ``group`` from its next batch on."""
+    kjt_all_to_all_group(a2a)  # raises if TorchRec moved it
+    a2a._pg = group
+
+
+# ----------------------------------------------------------------------------------------------- output dist
+# TorchRec's output dists that build a PooledEmbeddingsAllToAll on first use -> (their builder, the attribute
+# holding that all-to-all's process group). row_wise's (a reduce-scatter) is not one of them.
+_POOLED_DISTS: Dict[type, Tuple[str, str]] = {
+    TwPooledEmbeddingDist: ("_create_output_dist_module", "_pg"),  # table_wise, column_wise
+    TwRwPooledEmbeddingDist: ("_create_output_dist_modules", "_cross_pg"),  # table_row_wise, across hosts
+    GridPooledEmbeddingDist: ("_create_output_dist_modules", "_cross_pg"),  # grid_shard, across hosts
+}
+
+
+def output_dists(module: ShardedModule) -> List[torch.nn.Module]:
+    """A sharded module's output dists (TorchRec keeps them in a plain list: they are not submodules).
+
+    Raises:
+        MissingInternalError: the module has no ``_output_dists`` list.
+    """
+    got = getattr(module, "_output_dists", None)
+    if not isinstance(got, list):
+        raise _missing("ShardedModule._output_dists", type(module).__name__)
+    return got
+
+
+def pooled_output_dist_kind(od: torch.nn.Module) -> Optional[str]:
+    """``"table_wise"`` (also column_wise), ``"table_row_wise"`` or ``"grid_shard"`` for the output dists that
+    send pooled embeddings with a ``PooledEmbeddingsAllToAll``; None for others (row_wise's reduce-scatter)."""
+    return {
+        TwPooledEmbeddingDist: "table_wise",
+        TwRwPooledEmbeddingDist: "table_row_wise",
+        GridPooledEmbeddingDist: "grid_shard",
+    }.get(type(od))
+
+
+def pooled_output_dist_group(od: torch.nn.Module) -> dist.ProcessGroup:
+    """The process group of an output dist's pooled all-to-all (across hosts for table_row_wise / grid_shard)."""
+    builder, pg_attr = _POOLED_DISTS[type(od)]
+    pg = getattr(od, pg_attr, None)
+    if not isinstance(pg, dist.ProcessGroup):
+        raise _missing(f"{type(od).__name__}.{pg_attr}", type(od).__name__)
+    return pg
+
+
+def after_pooled_all_to_all_built(od: torch.nn.Module, callback: Callable[[], None]) -> None:
+    """Call ``callback()`` right after the output dist builds its ``PooledEmbeddingsAllToAll`` (on its first
+    forward); the hook is set on this instance only.
+
+    Raises:
+        MissingInternalError: the output dist has no such builder.
+    """
+    builder, _ = _POOLED_DISTS[type(od)]
+    build = getattr(od, builder, None)
+    if not callable(build):
+        raise _missing(f"{type(od).__name__}.{builder}", type(od).__name__)
+
+    def build_then_call(*args: Any, **kwargs: Any) -> Any:
+        out = build(*args, **kwargs)
+        callback()
+        return out
+
+    setattr(od, builder, build_then_call)
+
+
+class PooledAllToAllFields:
+    """What the lean output dist reads off a ``PooledEmbeddingsAllToAll``: its process group, the embedding dim
+    sum per rank (the all-to-all's splits), its quantized-communication codecs (None: plain) and the callbacks
+    TorchRec applies to the received tensor."""
+
+    __slots__ = ("pg", "dim_sum_per_rank", "codecs", "callbacks")
+
+    def __init__(self, a2a: PooledEmbeddingsAllToAll) -> None:
+        for field, name in (
+            ("pg", "_pg"),
+            ("dim_sum_per_rank", "_dim_sum_per_rank"),
+            ("codecs", "_codecs"),
+            ("callbacks", "_callbacks"),
+        ):
+            if not hasattr(a2a, name):
+                raise _missing(f"PooledEmbeddingsAllToAll.{name}", "PooledEmbeddingsAllToAll")
+            setattr(self, field, getattr(a2a, name))
+
+
+# -------------------------------------------------------------------------------------------------- modules
+def cross_net_num_layers(net: LowRankCrossNet) -> int:
+    """The number of cross layers of TorchRec's ``LowRankCrossNet`` (its ``V_kernels`` / ``W_kernels`` / ``bias``
+    are lists of that length)."""
+    n = getattr(net, "_num_layers", None)
+    if not isinstance(n, int):
+        raise _missing("LowRankCrossNet._num_layers", "LowRankCrossNet")
+    return n
+
+
+def is_fx_tracing() -> bool:
+    """True inside ``torch.fx`` symbolic tracing (TorchRec's pipelines trace the model once to find the sparse
+    arch's inputs)."""
+    fx = torch.fx._symbolic_trace
+    return getattr(fx, "is_fx_symbolic_tracing", fx.is_fx_tracing)()
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+def create_cpu_state_dict(state_dict: Dict[str, Any], pin_memory: bool = True) -> Dict[str, Any]:
+    """Host buffers shaped like ``state_dict`` (``ShardedTensor`` included), pinned by default."""
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+    return _create_cpu_state_dict(state_dict, pin_memory=pin_memory)
+
+
+def copy_state_dict(state_dict: Dict[str, Any], into: Dict[str, Any], non_blocking: bool = True) -> Dict[str, Any]:
+    """Copy ``state_dict``'s tensors into the buffers of :func:`create_cpu_state_dict`; returns ``into``."""
+    from torch.distributed._state_dict_utils import _copy_state_dict
+
+    return _copy_state_dict(state_dict, into, non_blocking=non_blocking)
+
+
+# ------------------------------------------------------------------------------------------------ compile
+def set_dynamo_for_compiled_step(split_at_ddp_buckets: bool) -> None:
+    """Process-wide dynamo settings for the compiled dense step: TorchRec's fx trace of the model runs the
+    uncompiled code instead of failing (``error_on_nested_fx_trace``, the torch.compile documentation's setting
+    for this case), and under DDP the graph is split at the gradient buckets or not (``optimize_ddp``). Then
+    dynamo's caches are reset (compiled code is cached per code object, so a second build in one process would
+    otherwise run the first build's graphs, compiled under the first build's settings)."""
+    import torch._dynamo
+
+    torch._dynamo.config.error_on_nested_fx_trace = False
+    torch._dynamo.config.optimize_ddp = split_at_ddp_buckets
+    torch._dynamo.reset()
+
+
+def dynamo_splits_at_ddp_buckets() -> bool:
+    """dynamo's ``optimize_ddp`` as set now."""
+    import torch._dynamo
+
+    return bool(torch._dynamo.config.optimize_ddp)
+
+
+# -------------------------------------------------------------------------------------------------- autograd
+def queue_end_of_backward_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` once the current backward pass has finished (called from inside that backward)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def gpu_spin(cycles: int) -> None:
+    """Queue a kernel on the current CUDA stream that spins for ``cycles`` GPU clock cycles."""
+    torch.cuda._sleep(int(cycles))

@@ -1,0 +1,328 @@
+"""``dlrm/torchrec_compat.py``: every private TorchRec / torch name it lists does what the trainer relies on.
+
+Each entry of ``PRIVATE_NAMES`` has a behavioural check here (``CHECKS`` names them, and a test fails when an entry
+has none): a real sharded EmbeddingBagCollection on 2 gloo ranks (table_wise, table_row_wise and grid_shard tables)
+builds its input and output dists through the hooks, a LowRankCrossNet reports its layers, the fx-trace flag
+flips inside a trace, the state-dict helpers copy a sharded state dict, and so on. A TorchRec or torch upgrade that
+changes one of them fails here, naming it.
+
+    .venv/bin/python -m pytest -q tests/test_torchrec_compat.py
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import pytest
+import torch
+
+from conftest import run_gloo
+from dlrm import torchrec_compat as compat
+
+DIM = 8
+ROWS = 16
+FEATURES = [f"cat_{i}" for i in range(3)]
+# one table per sharding type whose output dist the trainer hooks (table_wise: TwPooledEmbeddingDist;
+# table_row_wise: TwRwPooledEmbeddingDist; grid_shard: GridPooledEmbeddingDist)
+TYPES = {"t_cat_0": "table_wise", "t_cat_1": "table_row_wise", "t_cat_2": "grid_shard"}
+
+
+def _sharded_worker(rank: int, world: int) -> Dict[str, Any]:
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardedModule
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from dlrm.sharding import sharders
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name=f"t_{f}", embedding_dim=DIM, num_embeddings=ROWS, feature_names=[f])
+            for f in FEATURES
+        ],
+        device=torch.device("meta"),
+    )
+    constraints = {
+        t: ParameterConstraints(sharding_types=[st], min_partition=4 if st == "grid_shard" else None)
+        for t, st in TYPES.items()
+    }
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world, local_world_size=world, compute_device="cpu"), constraints=constraints
+    )
+    plan = planner.collective_plan(ebc, sharders(), dist.group.WORLD)
+    dmp = DistributedModelParallel(module=ebc, device=torch.device("cpu"), plan=plan, sharders=sharders())
+    sharded = next(m for m in dmp.modules() if isinstance(m, ShardedModule))
+    out: Dict[str, Any] = {}
+
+    # input dist: empty before the first batch, built on it, and the callback sees them built
+    out["input_dists_before"] = len(compat.input_dists(sharded))
+    seen_at_build: List[int] = []
+    compat.after_input_dists_built(sharded, lambda: seen_at_build.append(len(compat.input_dists(sharded))))
+    # output dists: hook every pooled all-to-all's builder; none is built before the first batch
+    ods = compat.output_dists(sharded)
+    out["output_dist_kinds"] = sorted(str(compat.pooled_output_dist_kind(od)) for od in ods)
+    built: List[str] = []
+    for od in ods:
+        if compat.pooled_output_dist_kind(od) is not None:
+            out.setdefault("group_sizes", []).append(compat.pooled_output_dist_group(od).size())
+            compat.after_pooled_all_to_all_built(
+                od, lambda od=od: built.append(str(compat.pooled_output_dist_kind(od)))
+            )
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=FEATURES,
+        values=torch.arange(2 * len(FEATURES)) % ROWS,
+        lengths=torch.ones(2 * len(FEATURES), dtype=torch.int32),
+    )
+    pooled = dmp(kjt).values()  # the first batch: input and output dists are built now
+    out["pooled_shape"] = list(pooled.shape)
+    out["seen_at_build"] = seen_at_build
+    out["built"] = sorted(built)
+    a2as = [m for d in compat.input_dists(sharded) for m in d.modules() if isinstance(m, KJTAllToAll)]
+    out["kjt_groups_are_world"] = [compat.kjt_all_to_all_group(a) is dist.group.WORLD for a in a2as]
+    other = dist.new_group(backend="gloo")
+    for a in a2as:
+        compat.set_kjt_all_to_all_group(a, other)
+    out["kjt_groups_moved"] = [compat.kjt_all_to_all_group(a) is other for a in a2as]
+    out["pooled_after_move"] = torch.equal(dmp(kjt).values(), pooled)  # the same lookup through the new group
+    fields = [compat.PooledAllToAllFields(m) for od in ods for m in od.modules() if type(m) is PooledEmbeddingsAllToAll]
+    out["a2a_fields"] = [
+        (f.pg.size(), list(f.dim_sum_per_rank), f.codecs is None, isinstance(f.callbacks, list)) for f in fields
+    ]
+    # the pinned-copy helpers of DCP on this sharded state dict (no pinning on a CPU-only machine)
+    sd = dmp.state_dict()
+    cpu = compat.create_cpu_state_dict(sd, pin_memory=False)
+    copied = compat.copy_state_dict(sd, cpu, non_blocking=False)
+    key = next(k for k in sd if "embedding_bags" in k and sd[k].local_shards())  # one this rank holds
+    src, dst = sd[key].local_shards()[0].tensor, copied[key].local_shards()[0].tensor
+    out["state_copy"] = (torch.equal(src, dst), src.data_ptr() != dst.data_ptr(), type(copied[key]).__name__)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharded() -> List[Dict[str, Any]]:
+    return run_gloo(2, _sharded_worker, timeout=300)
+
+
+def _check_input_dist(results: List[Dict[str, Any]]) -> None:
+    for r in results:
+        assert r["input_dists_before"] == 0, r
+        assert r["seen_at_build"] and r["seen_at_build"][0] >= 1, r  # called once they exist
+        assert r["kjt_groups_are_world"] and all(r["kjt_groups_are_world"]), r
+        assert all(r["kjt_groups_moved"]) and r["pooled_after_move"], r
+
+
+def _check_output_dist(results: List[Dict[str, Any]]) -> None:
+    for r in results:
+        assert r["output_dist_kinds"] == ["grid_shard", "table_row_wise", "table_wise"], r
+        assert r["built"] == ["grid_shard", "table_row_wise", "table_wise"], r  # each builder ran on the batch
+        # table_wise's all-to-all spans both ranks; table_row_wise / grid_shard's runs across hosts (one here)
+        assert sorted(r["group_sizes"]) == [1, 1, 2], r
+        assert r["pooled_shape"] == [2, 3 * DIM], r  # this rank's batch of 2 samples, every feature
+
+
+def _check_pooled_a2a(results: List[Dict[str, Any]]) -> None:
+    for rank, r in enumerate(results):
+        tw = [f for f in r["a2a_fields"] if f[0] == 2]
+        assert len(tw) == 1, r["a2a_fields"]
+        size, dims, no_codecs, callbacks_list = tw[0]
+        # t_cat_0 lives whole on one rank: its dim on that rank, 0 on the other; no codecs; a callback list
+        assert sorted(dims) == [0, DIM] and no_codecs and callbacks_list, (rank, tw)
+
+
+def _check_state_dict_utils(results: List[Dict[str, Any]]) -> None:
+    for r in results:
+        assert r["state_copy"] == (True, True, "ShardedTensor"), r
+
+
+def _check_cross_net() -> None:
+    from torchrec.modules.crossnet import LowRankCrossNet
+
+    net = LowRankCrossNet(in_features=8, num_layers=3, low_rank=2)
+    assert compat.cross_net_num_layers(net) == 3 == len(net.V_kernels) == len(net.W_kernels) == len(net.bias)
+
+
+def _check_fx_tracing() -> None:
+    seen: List[bool] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(compat.is_fx_tracing())
+            return x + 1
+
+    torch.fx.symbolic_trace(Probe())
+    Probe()(torch.zeros(1))
+    assert seen == [True, False]
+
+
+def _check_sharding_spec() -> None:
+    spec = compat.EnumerableShardingSpec(
+        [
+            compat.ShardMetadata(shard_offsets=[0, 0], shard_sizes=[2, 4], placement="rank:0/cpu"),
+            compat.ShardMetadata(shard_offsets=[2, 0], shard_sizes=[2, 4], placement="rank:1/cpu"),
+        ]
+    )
+    assert [s.shard_offsets for s in spec.shards] == [[0, 0], [2, 0]]
+    with pytest.raises(ValueError):  # overlapping shards are refused: the loaded plan's tiling is checked
+        compat.EnumerableShardingSpec(
+            [
+                compat.ShardMetadata(shard_offsets=[0, 0], shard_sizes=[3, 4], placement="rank:0/cpu"),
+                compat.ShardMetadata(shard_offsets=[2, 0], shard_sizes=[2, 4], placement="rank:1/cpu"),
+            ]
+        )
+
+
+def _check_dynamo() -> None:
+    import torch._dynamo
+
+    compiled = torch.compile(lambda x: x * 2, backend="eager")
+    compat.set_dynamo_for_compiled_step(split_at_ddp_buckets=False)
+    assert compat.dynamo_splits_at_ddp_buckets() is False
+
+    class UsesCompiled(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return compiled(x)
+
+    gm = torch.fx.symbolic_trace(UsesCompiled())  # TorchRec's trace of a model with a compiled step: no error
+    assert torch.equal(gm(torch.ones(2)), torch.full((2,), 2.0))
+    compat.set_dynamo_for_compiled_step(split_at_ddp_buckets=True)
+    assert compat.dynamo_splits_at_ddp_buckets() is True
+    assert torch._dynamo.config.error_on_nested_fx_trace is False
+
+
+def _check_end_of_backward_callback() -> None:
+    order: List[str] = []
+
+    class Queue(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            compat.queue_end_of_backward_callback(lambda: order.append("end"))
+            order.append("queued")
+            return g
+
+    x = torch.ones(2, requires_grad=True)
+    y = Queue.apply(x) * 3
+    x.register_hook(lambda g: order.append("leaf grad") or g)  # runs after Queue.backward, before the end
+    y.sum().backward()
+    assert order == ["queued", "leaf grad", "end"]
+
+
+def _check_gpu_spin() -> None:
+    if not torch.cuda.is_available():
+        assert callable(getattr(torch.cuda, "_sleep", None))
+        return
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    compat.gpu_spin(10_000_000)
+    b.record()
+    b.synchronize()
+    assert a.elapsed_time(b) > 0.1  # ms
+
+
+CHECKS = {
+    "ShardedModule._create_input_dist": _check_input_dist,
+    "ShardedModule._input_dists": _check_input_dist,
+    "KJTAllToAll._pg": _check_input_dist,
+    "ShardedModule._output_dists": _check_output_dist,
+    "TwPooledEmbeddingDist._create_output_dist_module": _check_output_dist,
+    "TwPooledEmbeddingDist._pg": _check_output_dist,
+    "TwRwPooledEmbeddingDist._create_output_dist_modules": _check_output_dist,
+    "TwRwPooledEmbeddingDist._cross_pg": _check_output_dist,
+    "GridPooledEmbeddingDist._create_output_dist_modules": _check_output_dist,
+    "GridPooledEmbeddingDist._cross_pg": _check_output_dist,
+    "PooledEmbeddingsAllToAll._pg": _check_pooled_a2a,
+    "PooledEmbeddingsAllToAll._dim_sum_per_rank": _check_pooled_a2a,
+    "PooledEmbeddingsAllToAll._codecs": _check_pooled_a2a,
+    "PooledEmbeddingsAllToAll._callbacks": _check_pooled_a2a,
+    "LowRankCrossNet._num_layers": _check_cross_net,
+    "torch.fx._symbolic_trace.is_fx_symbolic_tracing": _check_fx_tracing,
+    "torch.distributed._state_dict_utils._create_cpu_state_dict": _check_state_dict_utils,
+    "torch.distributed._state_dict_utils._copy_state_dict": _check_state_dict_utils,
+    "torch.distributed._shard.sharding_spec.EnumerableShardingSpec": _check_sharding_spec,
+    "torch.distributed._shard.sharding_spec.ShardMetadata": _check_sharding_spec,
+    "torch._dynamo.config.error_on_nested_fx_trace": _check_dynamo,
+    "torch._dynamo.config.optimize_ddp": _check_dynamo,
+    "torch._dynamo.reset": _check_dynamo,
+    "torch.autograd.Variable._execution_engine.queue_callback": _check_end_of_backward_callback,
+    "torch.cuda._sleep": _check_gpu_spin,
+}
+NEEDS_SHARDED = {_check_input_dist, _check_output_dist, _check_pooled_a2a, _check_state_dict_utils}
+
+
+def test_every_private_name_has_a_behavioural_check() -> None:
+    assert set(CHECKS) == set(compat.PRIVATE_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(compat.PRIVATE_NAMES))
+def test_private_name_does_what_the_trainer_relies_on(name: str, request: pytest.FixtureRequest) -> None:
+    check = CHECKS[name]
+    if check in NEEDS_SHARDED:
+        check(request.getfixturevalue("sharded"))
+    else:
+        check()
+
+
+def test_torchrec_request_fields_the_lean_output_dist_sets() -> None:
+    """The lean output dist fills TorchRec's own ``comm_ops.Request`` (public fields) and reads its gradient
+    division flag, as TorchRec's pooled all-to-all does."""
+    import torch.distributed as dist
+    from torchrec.distributed import comm_ops
+
+    assert isinstance(comm_ops.GRADIENT_DIVISION, bool) and callable(comm_ops.get_use_sync_collectives)
+    pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    req = comm_ops.Request(pg, device=torch.device("cpu"))
+    for field in ("req", "tensor", "a2ai", "wait_function"):
+        assert hasattr(req, field), field
+    # the tensor the autograd functions hang the all-to-all on, returned by the request's forward
+    assert isinstance(req.dummy_tensor, torch.Tensor) and req.dummy_tensor.device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("1.8.0", True),
+        ("1.6.1", True),
+        ("1.8.0+cpu", True),
+        ("1.6.0", True),
+        ("1.7.0", False),
+        ("1.9.0", False),
+        ("1.5.2", False),
+        ("2.0.0", False),
+    ],
+)
+def test_version_check(version: str, ok: bool) -> None:
+    if ok:
+        compat.check_torchrec_version(version)
+        return
+    with pytest.raises(compat.UnsupportedVersionError) as e:
+        compat.check_torchrec_version(version)
+    assert str(e.value).startswith(
+        f"torchrec {version} is installed, but this trainer relies on TorchRec internals "
+        "verified on torchrec 1.6.x and 1.8.x only"
+    )
+
+
+def test_missing_internal_is_named() -> None:
+    """A sharded module without the list the trainer reads fails naming the internal and what it is for."""
+    from torchrec.distributed.types import ShardedModule
+
+    class Bare(torch.nn.Module):
+        pass
+
+    with pytest.raises(
+        compat.MissingInternalError,
+        match=r"`ShardedModule._output_dists` is missing in this "
+        r"TorchRec / torch version \(list of a sharded module's "
+        r"output dists\); dlrm/torchrec_compat.py needs updating",
+    ):
+        compat.output_dists(Bare())  # type: ignore[arg-type]
+    del ShardedModule
