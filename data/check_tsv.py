@@ -2,7 +2,8 @@
 
     python data/check_tsv.py /path/to/train.txt [more.tsv ...]
 
-For each file: rows, click rate, and the share of missing values per integer and categorical column. A
+Files may be gzip-compressed (``train.txt.gz``, ``day_0.gz``), as the trainer and data/preprocess_criteo.py read
+them. For each file: rows, click rate, and the share of missing values per integer and categorical column. A
 malformed line stops the check with the file and line number (the same parser the trainer uses), so a file that
 passes here loads in ``data=criteo_tsv``.
 """
@@ -14,20 +15,25 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrm.data.criteo_tsv import NUM_CAT, NUM_INT, TsvFormatError, read_tsv  # noqa: E402
+from dlrm.config import InputError  # noqa: E402
+from dlrm.data.criteo_tsv import NUM_CAT, NUM_INT, open_input, read_tsv  # noqa: E402
 
 
 def missing_shares(path: str) -> np.ndarray:
-    """Share of empty fields per column I1..I13, C1..C26 (float64 ``[39]``)."""
+    """Share of empty fields per column I1..I13, C1..C26 (float64 ``[39]``) of a plain or gzip file."""
     counts = np.zeros(NUM_INT + NUM_CAT)
     n = 0
-    with open(path, encoding="utf-8") as f:
+    raw, f, _ = open_input(path)
+    try:
         for line in f:
-            fields = line.rstrip("\r\n").split("\t")
+            fields = line.rstrip(b"\r\n").split(b"\t")
             if len(fields) < 2:
                 continue
-            counts += np.array([v == "" for v in fields[1:]], dtype=np.float64)
+            counts += np.array([v == b"" for v in fields[1:]], dtype=np.float64)
             n += 1
+    finally:
+        f.close()
+        raw.close()
     return counts / max(n, 1)
 
 
@@ -37,8 +43,8 @@ def main(argv: list) -> int:
         return 2
     for path in argv:
         try:
-            rows = read_tsv(path, config_key="argument")
-        except (TsvFormatError, FileNotFoundError) as e:
+            rows = read_tsv(path, config_key=None)
+        except (InputError, FileNotFoundError) as e:
             print(f"FAIL {e}", file=sys.stderr)
             return 1
         miss = missing_shares(path)

@@ -62,6 +62,8 @@ import signal
 import threading
 import time
 import warnings
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -74,16 +76,18 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm import torchrec_compat as compat
-from dlrm.config import CheckpointConfig, Config, ConfigError
+from dlrm.config import CheckpointConfig, Config, ConfigError, InputError
 from dlrm.dist import DistInfo
 from dlrm.metrics import MetricWindow
-from dlrm.sharding import plan_rows
+from dlrm.sharding import plan_fingerprint, plan_rows, save_plan
 
 log = logging.getLogger(__name__)
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_RE = re.compile(r"^step_(\d+)\.tmp$")
 META = "meta.json"
+MANIFEST = "manifest.json"  # written last: every file of the checkpoint, its size and block checksums
+PLAN = "plan.json"  # the plan the checkpoint was trained with (a resume on the same layout reuses it)
 
 # Test hook (tests/test_checkpoint.py): "STEP:RANK" makes that rank SIGKILL itself right after writing its DCP
 # data of the save at STEP, before the save completes; only in a first attempt (TORCHELASTIC_RESTART_COUNT 0).
@@ -149,6 +153,122 @@ def read_meta(path: str) -> Dict[str, Any]:
         return json.load(f)
 
 
+# ------------------------------------------------------------------------------------------------- manifest
+class CheckpointError(InputError):
+    """A checkpoint that cannot be used: damaged (a file missing, truncated or altered) or unreadable. The message
+    names the checkpoint and the file."""
+
+
+MANIFEST_FORMAT = "dlrm-checkpoint-manifest/1"
+BLOCK = 64 * 2**20  # bytes per checksum block: blocks are verified in parallel, across ranks and threads
+
+
+def _block_crcs(path: str, start: int = 0, stop: Optional[int] = None) -> List[int]:
+    """crc32 of each ``BLOCK`` of ``path`` from block ``start`` to ``stop`` (zlib releases the GIL: threads run
+    in parallel)."""
+    out = []
+    with open(path, "rb") as f:
+        f.seek(start * BLOCK)
+        i = start
+        while stop is None or i < stop:
+            data = f.read(BLOCK)
+            if not data:
+                break
+            out.append(zlib.crc32(data))
+            i += 1
+    return out
+
+
+def file_entry(path: str, threads: int = 1) -> Dict[str, Any]:
+    """The manifest entry of one file: its size in bytes and the crc32 of each ``BLOCK``."""
+    size = os.path.getsize(path)
+    n = max(1, -(-size // BLOCK))
+    if threads <= 1 or n == 1:
+        return {"size": size, "crc32": _block_crcs(path)}
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        parts = pool.map(lambda i: _block_crcs(path, i, i + 1), range(n))
+        return {"size": size, "crc32": [c for p in parts for c in p]}
+
+
+def write_manifest(path: str) -> Dict[str, Any]:
+    """Merge the ranks' ``manifest_rank_<r>.json`` (their data files) with entries for the small files (DCP's
+    ``.metadata``, ``meta.json``, ``plan.json``, every ``rank_<r>.pt``) into ``manifest.json``, written last (to a
+    temporary name, then renamed), and remove the parts. Returns the manifest."""
+    files: Dict[str, Any] = {}
+    for name in sorted(os.listdir(path)):
+        if name.startswith("manifest_rank_") and name.endswith(".json"):
+            with open(os.path.join(path, name), encoding="utf-8") as f:
+                files.update(json.load(f))
+    for name in sorted(os.listdir(path)):
+        if name not in files and not name.startswith("manifest") and os.path.isfile(os.path.join(path, name)):
+            files[name] = file_entry(os.path.join(path, name))
+    manifest = {"format": MANIFEST_FORMAT, "block_bytes": BLOCK, "files": files}
+    with open(os.path.join(path, MANIFEST + ".tmp"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(os.path.join(path, MANIFEST + ".tmp"), os.path.join(path, MANIFEST))
+    for name in os.listdir(path):
+        if name.startswith("manifest_rank_"):
+            os.remove(os.path.join(path, name))
+    return manifest
+
+
+def _rank_manifest(path: str, rank: int) -> str:
+    return os.path.join(path, f"manifest_rank_{rank}.json")
+
+
+def _threads() -> int:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(8, (os.cpu_count() or 1) // local))
+
+
+def verify_checkpoint(path: str, rank: int = 0, world: int = 1, full: bool = True) -> Optional[str]:
+    """Check this rank's share of a checkpoint's files against its manifest.
+
+    Every rank checks that every file exists with its recorded size (cheap); the checksums are read by one rank
+    per block, blocks dealt out over ``world`` ranks and a few threads each, so a job reads each byte once. With
+    ``full=False`` only the sizes are checked.
+
+    Returns:
+        None when this rank's share is intact (or the checkpoint predates manifests), else one line naming the
+        file and what is wrong.
+    """
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isfile(mpath):
+        return None
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} is unreadable ({type(e).__name__})"
+    for name, entry in sorted(files.items()):
+        fpath = os.path.join(path, name)
+        if not os.path.isfile(fpath):
+            return f"{name} is missing"
+        size = os.path.getsize(fpath)
+        if size != entry["size"]:
+            return f"{name} has {size:,} bytes where the manifest records {entry['size']:,}"
+    if not full:
+        return None
+    blocks = [(name, i, crc) for name, entry in sorted(files.items()) for i, crc in enumerate(entry["crc32"])]
+    mine = blocks[rank::world]
+
+    def check(item: Tuple[str, int, int]) -> Optional[str]:
+        name, i, crc = item
+        got = _block_crcs(os.path.join(path, name), i, i + 1)
+        if got != [crc]:
+            return f"{name} differs from its manifest checksum at bytes {i * BLOCK:,}-{(i + 1) * BLOCK - 1:,}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=_threads()) as pool:
+        for err in pool.map(check, mine):
+            if err is not None:
+                return err
+    return None
+
+
 # ------------------------------------------------------------------------------------------------ app state
 def app_state(model: torch.nn.Module, optimizer: Any) -> Dict[str, Any]:
     """What DCP saves and loads in place: ``{"model": model.state_dict(), "optim": optimizer state}``.
@@ -204,21 +324,25 @@ def load_app_state(
     values and are listed in the report.
 
     Raises:
-        ValueError: a model entry is missing from the checkpoint or has another shape (names the entry).
+        CheckpointError: a model entry is missing from the checkpoint or has another shape (names the entry); the
+            checkpoint's metadata or data cannot be read.
     """
-    meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    try:
+        meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - a damaged .metadata fails in many ways; name the checkpoint
+        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__})") from e
     target = app_state(model, optimizer)
     report = LoadReport(path)
     model_flat = _flatten(target["model"], "model.")
     for key, v in model_flat.items():
         md = meta.get(key)
         if md is None:
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint {path}: model entry {key!r} is missing; it was written by another model "
                 "config (compare its meta.json `config.model` with this run's)"
             )
         if isinstance(md, TensorStorageMetadata) and _global_shape(v) != tuple(md.size):
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint {path}: model entry {key!r} has shape {tuple(md.size)} there and "
                 f"{_global_shape(v)} here; use the model config the checkpoint was written with"
             )
@@ -237,7 +361,13 @@ def load_app_state(
             else:
                 optim_keep.setdefault(pkey, {})[sname] = v
     state = {"model": target["model"], "optim": optim_keep}
-    dcp.load(state, checkpoint_id=path, process_group=process_group)
+    try:
+        dcp.load(state, checkpoint_id=path, process_group=process_group)
+    except Exception as e:  # noqa: BLE001 - e.g. a truncated .distcp of a checkpoint without a manifest
+        raise CheckpointError(
+            f"checkpoint {path}: its data cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from e
     report.restored = sorted(_flatten(state))
     if dist.is_initialized() and dist.get_world_size(process_group) > 1:
         # a rank holds optimizer state only for the tables it has shards of: report the union
@@ -264,7 +394,21 @@ def set_rng_state(st: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-class _StreamStagedWriter(FileSystemWriter):
+class _ManifestWriter(FileSystemWriter):
+    """DCP's file writer that, once this rank's data files are written, records their sizes and block checksums
+    in ``manifest_rank_<r>.json``; rank 0 merges these into the checkpoint's ``manifest.json``, written last
+    (:meth:`Checkpointer._finish`). In an async save this runs on the writer thread, off the training loop."""
+
+    def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
+        fut = super().write_data(plan, planner)
+        files = sorted(set(compat.written_files(fut.wait())))
+        entries = {name: file_entry(os.path.join(str(self.path), name), threads=_threads()) for name in files}
+        with open(_rank_manifest(str(self.path), dist.get_rank() if dist.is_initialized() else 0), "w") as f:
+            json.dump(entries, f)
+        return fut
+
+
+class _StreamStagedWriter(_ManifestWriter):
     """DCP writer whose :meth:`stage` copies CUDA tensors to pinned host memory on a dedicated CUDA stream.
 
     Why our own: DCP's ``FileSystemWriter(cache_staged_state_dict=True)`` (``BlockingAsyncStager``) copies on
@@ -314,7 +458,7 @@ class _StreamStagedWriter(FileSystemWriter):
         return super().write_data(plan, planner)
 
 
-class _KillAfterWrite(FileSystemWriter):
+class _KillAfterWrite(_ManifestWriter):
     """Test hook (:data:`TEST_KILL_DURING_SAVE_ENV`): SIGKILL this process once its shard files are written."""
 
     def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
@@ -323,6 +467,109 @@ class _KillAfterWrite(FileSystemWriter):
         log.warning("test hook %s: killing rank %s mid-save", TEST_KILL_DURING_SAVE_ENV, os.environ.get("RANK"))
         os.kill(os.getpid(), signal.SIGKILL)
         return fut
+
+
+# ------------------------------------------------------------------------------------------------- resume
+def checkpoint_root(cfg: CheckpointConfig, run_dir: str) -> str:
+    """Where the run's ``step_<N>/`` checkpoints go: ``checkpoint.dir``, else ``<run_dir>/checkpoints``."""
+    return os.path.abspath(cfg.dir or os.path.join(run_dir, "checkpoints"))
+
+
+def _remove_interrupted(root: str) -> None:
+    if not os.path.isdir(root):
+        return
+    for name in sorted(os.listdir(root)):
+        if _TMP_RE.match(name):
+            log.warning(
+                "ignoring incomplete checkpoint %s (its save was interrupted); removing it", os.path.join(root, name)
+            )
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _everyone(obj: Any) -> List[Any]:
+    """``obj`` of every rank (one rank: ``[obj]``); collective on the default group."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optional[str]:
+    """The checkpoint to resume from, verified against its manifest (collective: every rank calls it; each
+    checks its share of the blocks, :func:`verify_checkpoint`).
+
+    ``checkpoint.resume=auto``: the newest complete checkpoint under ``root`` that is intact; a damaged one is
+    logged, naming the file, and the previous one is tried. ``none``: None. A path: that checkpoint, which must
+    be intact. Interrupted saves (``step_<N>.tmp``) are removed first.
+
+    Raises:
+        ConfigError: ``checkpoint.resume`` names no checkpoint.
+        CheckpointError: the named checkpoint is damaged, or every checkpoint under ``root`` is.
+    """
+    if cfg.resume == "none":
+        return None
+    box: List[Any] = [None]
+    if info.is_main:
+        _remove_interrupted(root)
+        if cfg.resume == "auto":
+            box[0] = [p for _, p in reversed(list_checkpoints(root))]
+        else:
+            try:
+                box[0] = [resolve_checkpoint(cfg.resume)]
+            except FileNotFoundError as e:
+                box[0] = f"config key `checkpoint.resume`: {e}; give a step_<N> directory, auto or none"
+    if dist.is_initialized() and info.world_size > 1:
+        dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise ConfigError(box[0])
+    candidates: List[str] = box[0]
+    for path in candidates:
+        t0 = time.perf_counter()
+        errors = [
+            e
+            for e in _everyone(verify_checkpoint(path, info.rank, info.world_size, cfg.verify == "full"))
+            if e is not None
+        ]
+        if not errors:
+            log.info(
+                "checkpoint %s verified against its manifest (%s) in %.1fs", path, cfg.verify, time.perf_counter() - t0
+            )
+            return path
+        line = f"checkpoint {path} is damaged: {errors[0]}"
+        if cfg.resume != "auto":
+            raise CheckpointError(f"{line}; give another checkpoint.resume (auto takes the newest intact one)")
+        log.warning("%s; trying the previous checkpoint", line)
+    if candidates:
+        raise CheckpointError(
+            f"every checkpoint in {root} is damaged (see the warnings above); move them aside, "
+            "or set checkpoint.resume=none to start fresh"
+        )
+    log.info("checkpoint: none in %s; starting fresh", root)
+    return None
+
+
+def saved_plan(path: str, info: DistInfo) -> Optional[str]:
+    """The ``plan.json`` saved with checkpoint ``path`` when this job has the layout it was planned for (world
+    size, ranks per host, device type), else None (logged: the job plans anew)."""
+    plan = os.path.join(path, PLAN)
+    if not os.path.isfile(plan):
+        return None
+    with open(plan, encoding="utf-8") as f:
+        doc = json.load(f)
+    had = (doc.get("world_size"), doc.get("local_world_size"), doc.get("compute_device"))
+    now = (info.world_size, info.local_world_size, info.device.type)
+    if had != now:
+        log.info(
+            "checkpoint %s was planned for %d ranks (%d per host) on %s and this job has %d (%d per host) on "
+            "%s: planning anew",
+            path,
+            *had,
+            *now,
+        )
+        return None
+    log.info("resuming into the plan saved with %s (fingerprint %s)", path, doc.get("fingerprint", "?"))
+    return plan
 
 
 # ----------------------------------------------------------------------------------------------- checkpointer
@@ -346,7 +593,7 @@ class RunFacts:
     global_batch: int
     steps_per_epoch: int
     total_steps: int  # the last step of this run (a periodic save also falls on it)
-    plan: Any  # the torchrec ShardingPlan
+    plan: Any  # the dlrm.sharding.PlanInfo (saved as plan.json beside the checkpoint)
     config: Config
 
 
@@ -380,7 +627,7 @@ class Checkpointer:
         self.model, self.optimizer, self.scheduler, self.run = model, optimizer, scheduler, run
         # TorchRec's state dicts are ShardedTensors; DCP warns about that on every access
         warnings.filterwarnings("ignore", category=FutureWarning, message=r".*deprecating ShardedTensor")
-        self.root = os.path.abspath(cfg.dir or os.path.join(run_dir, "checkpoints"))
+        self.root = checkpoint_root(cfg, run_dir)
         # Saves run collectives from a background thread; a group of their own keeps them apart from training's.
         self.pg = dist.new_group(backend="gloo")
         self.sig_pg = dist.new_group(backend="gloo") if info.world_size > 1 else None
@@ -402,47 +649,22 @@ class Checkpointer:
         self._sigterm = True
 
     # -------------------------------------------------------------------------------------------- resume
-    def _choose_resume(self) -> Optional[str]:
-        """Rank 0 picks the checkpoint (and removes interrupted ``*.tmp`` saves); every rank gets its path."""
-        res = self.cfg.resume
-        chosen: List[Optional[str]] = [None]
-        if self.info.is_main:
-            if os.path.isdir(self.root):
-                for name in sorted(os.listdir(self.root)):
-                    if _TMP_RE.match(name):
-                        log.warning(
-                            "ignoring incomplete checkpoint %s (its save was interrupted); removing it",
-                            os.path.join(self.root, name),
-                        )
-                        shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
-            if res == "auto":
-                chosen[0] = latest_checkpoint(self.root)
-            elif res != "none":
-                try:
-                    chosen[0] = resolve_checkpoint(res)
-                except FileNotFoundError as e:
-                    chosen[0] = f"!config key `checkpoint.resume`: {e}; give a step_<N> directory, auto or none"
-        if dist.is_initialized() and self.info.world_size > 1:
-            dist.broadcast_object_list(chosen, src=0)
-        if chosen[0] is not None and chosen[0].startswith("!"):
-            raise ConfigError(chosen[0][1:])
-        return chosen[0]
-
-    def resume(self, state: TrainState) -> Optional[str]:
+    def resume(self, state: TrainState, path: Optional[str]) -> Optional[str]:
         """Restore the model, optimizers, lr schedule and ``state`` (step, samples, RNG, metric window) from the
-        checkpoint that ``checkpoint.resume`` selects. Returns its path, or None for a fresh start.
+        checkpoint ``path`` (:func:`choose_checkpoint`'s choice; None: a fresh start). Returns ``path``.
 
         Raises:
-            ConfigError: ``checkpoint.resume`` names no checkpoint, or the checkpoint's global batch differs
-                from this run's (the data position would not match).
+            ConfigError: the checkpoint's global batch differs from this run's (the data position would not
+                match).
+            CheckpointError: the checkpoint cannot be read, or holds another model.
         """
-        path = self._choose_resume()
         if path is None:
-            if self.cfg.resume == "auto":
-                log.info("checkpoint: none in %s; starting fresh", self.root)
             return None
         t0 = time.perf_counter()
-        meta = read_meta(path)
+        try:
+            meta = read_meta(path)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {path}: {META} is unreadable ({type(e).__name__}: {e})") from e
         if meta["global_batch"] != self.run.global_batch:
             raise ConfigError(
                 f"config key `data.global_batch_size`: checkpoint {path} was trained with a global batch of "
@@ -533,12 +755,14 @@ class Checkpointer:
                 "steps_per_epoch": self.run.steps_per_epoch,
                 "scheduler": self.scheduler.state_dict(),
                 "time": time.time(),
-                "plan": [list(r) for r in plan_rows(self.run.plan)],
+                "plan": [list(r) for r in plan_rows(self.run.plan.plan)],
+                "plan_fingerprint": plan_fingerprint(self.run.plan),
                 "config": OmegaConf.to_container(OmegaConf.structured(self.run.config)),
                 "versions": {"torch": torch.__version__},
             }
             with open(os.path.join(tmp, META), "w", encoding="utf-8") as f:
                 json.dump(meta, f, indent=1, default=str)
+            save_plan(self.run.plan, os.path.join(tmp, PLAN))
         app = app_state(self.model, self.optimizer)
         writer = self._make_writer(step, tmp)
         if block:
@@ -561,8 +785,8 @@ class Checkpointer:
                 return _KillAfterWrite(tmp)
         if self._writer is None:  # reused so that its pinned staging buffers (CUDA) are reused
             self._writer = (
-                _StreamStagedWriter(tmp, self.info.device) if self.info.device.type == "cuda" else FileSystemWriter(tmp)
-            )  # CPU: DCP's copy, a fresh one per save
+                _StreamStagedWriter(tmp, self.info.device) if self.info.device.type == "cuda" else _ManifestWriter(tmp)
+            )  # CPU: DCP's own staging copy, a fresh one per save
         return self._writer
 
     def _poll(self) -> None:
@@ -581,10 +805,11 @@ class Checkpointer:
         log.info("checkpoint %s written (waited %.2fs)", step_dir(self.root, step), time.perf_counter() - t0)
 
     def _finish(self, step: int, tmp: str) -> None:
-        """Rank 0: publish ``step_<N>.tmp`` as ``step_<N>`` and prune old checkpoints. DCP's save has returned,
-        so every rank's data is on disk."""
+        """Rank 0: write the manifest, publish ``step_<N>.tmp`` as ``step_<N>`` and prune old checkpoints. DCP's
+        save has returned, so every rank's data and its ``manifest_rank_<r>.json`` are on disk."""
         if not self.info.is_main:
             return
+        write_manifest(tmp)
         final = step_dir(self.root, step)
         if os.path.exists(final):
             shutil.rmtree(final)

@@ -119,12 +119,11 @@ register_configs()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     """Hand the composed config to :class:`dlrm.trainer.Trainer` (set up, train, close on every exit path)."""
-    from dlrm.config import ConfigError, UnsupportedVersionError
-    from dlrm.data.criteo_tsv import TsvFormatError
+    from dlrm.config import InputError, UnsupportedVersionError
     from dlrm.dist import shutdown
+    from dlrm.loggers import log_error_to_file
 
     try:
-        from dlrm.sharding import PlanError
         from dlrm.trainer import Trainer
     except UnsupportedVersionError as e:  # dlrm.torchrec_compat refuses a TorchRec it was not verified on
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -138,9 +137,11 @@ def hydra_main(cfg: DictConfig) -> None:
         trainer.setup()
         trainer.fit()
         ok = True
-    except (ConfigError, TsvFormatError, PlanError, FileNotFoundError) as e:
-        # bad input, named with its config key / file / line / table and the fix: the message, no traceback
+    except (InputError, FileNotFoundError) as e:
+        # bad input, named with its config key / file / row / table and the fix: the message, no traceback, and
+        # the same line in train.log (rank 0's log file, when set up) so that a batch job's log shows it
         user_error = e
+        log_error_to_file(f"error: {e}")
     finally:
         if trainer is not None:
             trainer.close()

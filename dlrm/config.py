@@ -86,7 +86,13 @@ NUM_DENSE_FEATURES = 13  # Criteo: I1..I13
 NUM_SPARSE_FEATURES = 26  # Criteo: C1..C26
 
 
-class ConfigError(ValueError):
+class InputError(ValueError):
+    """Bad input from the user: a config value, a data file, a plan, a checkpoint. The message names the key, file,
+    row, feature or table, and the fix; the command line prints it as one ``error:`` line and exits with status 2
+    (``dlrm/cli.py``), with no traceback."""
+
+
+class ConfigError(InputError):
     """A config value is invalid; the message names the key and the fix."""
 
 
@@ -186,15 +192,25 @@ class DataConfig:
     multi_hot_seed: int = 0
     """numpy legacy seed of the multi-hot expansion tables (MLPerf reference: 0)."""
     train_path: Optional[str] = None
-    """``criteo_tsv``: the training TSV (``label, I1..I13, C1..C26``; Kaggle ``train.txt`` or a 1TB ``day_N``)."""
+    """``criteo_tsv``: the training TSV (``label, I1..I13, C1..C26``; Kaggle ``train.txt`` or a 1TB ``day_N``), plain
+    or gzip-compressed."""
     val_path: Optional[str] = None
-    """``criteo_tsv``: the validation TSV (null: the last ``data.val_fraction`` of the training rows)."""
+    """``criteo_tsv``: the validation TSV, plain or gzip (null: the last ``data.val_fraction`` of the training rows);
+    not the ``train_path`` file."""
     test_path: Optional[str] = None
-    """``criteo_tsv``: a TSV scored once at the end (MLPerf: the second half of day 23)."""
+    """``criteo_tsv``: a TSV scored once at the end, plain or gzip (MLPerf: the second half of day 23); not the
+    ``train_path`` file."""
     val_fraction: float = 0.2
-    """``criteo_tsv`` without ``val_path``: the last fraction of the training rows validates."""
+    """``criteo_tsv`` without ``val_path``: the last fraction of the rows read from ``train_path`` validates (see
+    ``max_rows``). Other values are refused where the validation rows come from elsewhere: ``val_path``,
+    ``data=criteo_binary`` (the first half of its last day), ``data=synthetic`` (``num_val_samples``)."""
     max_rows: Optional[int] = None
-    """Read at most this many rows of the training data (null: all)."""
+    """Train on at most this many rows, the first ones (null: all). ``criteo_binary``: the first ``max_rows`` rows
+    of the training days. ``criteo_tsv``: the first ``max_rows`` rows of ``train_path``; without ``val_path``, the
+    next ``max(1, round(max_rows * val_fraction / (1 - val_fraction)))`` rows validate (so the rows read split by
+    ``val_fraction`` as without a cap), and a file holding fewer rows than the two counts together is split by
+    ``val_fraction`` as without a cap. Validation and test rows (``val_path``, ``test_path``, the binary format's
+    last day) are never capped. Refused with ``data=synthetic`` (set ``num_train_samples``)."""
     num_train_samples: int = 131072
     """``synthetic``: training samples."""
     num_val_samples: int = 16384
@@ -231,12 +247,55 @@ class DataConfig:
             "must be positive or null",
         )
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", "must be in (0, 1)")
+        if self.val_fraction != DataConfig.__dataclass_fields__["val_fraction"].default:
+            _check(
+                self.name != "criteo_binary",
+                "data.val_fraction",
+                "data=criteo_binary validates on the first half of its last day; drop data.val_fraction",
+            )
+            _check(
+                self.name != "synthetic",
+                "data.val_fraction",
+                "data=synthetic validates on data.num_val_samples generated rows; set data.num_val_samples "
+                "instead of data.val_fraction",
+            )
+            _check(
+                not self.val_path,
+                "data.val_fraction",
+                "data.val_path gives the validation rows, so data.val_fraction is unused; drop data.val_fraction, "
+                "or drop data.val_path to validate on the last data.val_fraction of data.train_path",
+            )
         if self.name == "criteo_tsv":
             _check(
                 bool(self.train_path),
                 "data.train_path",
                 "data=criteo_tsv needs a training TSV: pass data.train_path=<file.tsv>",
             )
+
+            def same_file(a: str, b: str) -> bool:
+                if os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b)):
+                    return True
+                try:
+                    return os.path.samefile(a, b)
+                except OSError:  # one of them does not exist (yet): the loader names it
+                    return False
+
+            for key, what, fix in (
+                (
+                    "val_path",
+                    "validating",
+                    "a separate validation file, or drop data.val_path to validate on the last data.val_fraction of "
+                    "data.train_path",
+                ),
+                ("test_path", "testing", "a separate test file, or drop data.test_path"),
+            ):
+                path = getattr(self, key)
+                _check(
+                    not (path and same_file(path, self.train_path or "")),
+                    f"data.{key}",
+                    f"{path!r} is the same file as data.train_path ({self.train_path!r}): {what} on the training "
+                    f"rows inflates AUC; pass {fix}",
+                )
         if self.name == "synthetic":
             for key in ("train_path", "val_path", "test_path"):
                 _check(
@@ -248,6 +307,12 @@ class DataConfig:
             _check(self.num_train_samples > 0, "data.num_train_samples", "must be positive")
             _check(self.num_val_samples > 0, "data.num_val_samples", "must be positive")
             _check(self.num_test_samples >= 0, "data.num_test_samples", "must be >= 0")
+            _check(
+                self.max_rows is None,
+                "data.max_rows",
+                "data=synthetic generates data.num_train_samples training rows; set data.num_train_samples "
+                "instead of data.max_rows",
+            )
         _check(self.max_rows is None or self.max_rows > 0, "data.max_rows", "must be positive or null")
         _check(
             self.multi_hot_source in ("auto", "materialized", "on_the_fly"),
@@ -828,6 +893,9 @@ class CheckpointConfig:
     """Stage the state in host memory and write it in a background thread while training continues."""
     save_on_sigterm: bool = True
     """On SIGTERM finish the current step, save, and exit with status 0."""
+    verify: str = "full"
+    """Before resuming, check the checkpoint against the manifest written with it: ``full`` (every file's size
+    and block checksums, read once across all ranks) or ``size`` (sizes only: instant, catches truncation)."""
 
     def __post_init__(self) -> None:
         _check(self.every_n_steps >= 0, "checkpoint.every_n_steps", "must be >= 0 (0: save only on SIGTERM)")
@@ -837,6 +905,7 @@ class CheckpointConfig:
             "must be >= 1, or null to keep every checkpoint",
         )
         _check(bool(self.resume), "checkpoint.resume", "use auto, none, or the path of a step_<N> directory")
+        _check(self.verify in ("full", "size"), "checkpoint.verify", f"got {self.verify!r}; use full or size")
 
 
 @dataclass

@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from dlrm.checkpoint import resolve_checkpoint
+from dlrm.checkpoint import CheckpointError, resolve_checkpoint, verify_checkpoint
 
 
 def _checkpoint_dir(path: str) -> str:
@@ -36,16 +36,29 @@ def _checkpoint_dir(path: str) -> str:
 def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
     """Every tensor of a DCP checkpoint whose name starts with ``prefix``, unsharded, on the CPU.
 
-    Returns names with ``prefix`` removed. Raises FileNotFoundError when ``path`` holds no complete checkpoint.
+    Returns names with ``prefix`` removed.
+
+    Raises:
+        FileNotFoundError: ``path`` holds no complete checkpoint.
+        CheckpointError: the checkpoint does not match its manifest (names the file), or cannot be read.
     """
     path = _checkpoint_dir(path)
-    meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    err = verify_checkpoint(path)
+    if err is not None:
+        raise CheckpointError(f"checkpoint {path} is damaged: {err}")
+    try:
+        meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - a damaged .metadata fails in many ways; name the checkpoint
+        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__})") from e
     sd = {
         k: torch.empty(tuple(md.size), dtype=md.properties.dtype)
         for k, md in meta.items()
         if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)
     }
-    dcp.load(sd, checkpoint_id=path, no_dist=True)
+    try:
+        dcp.load(sd, checkpoint_id=path, no_dist=True)
+    except Exception as e:  # noqa: BLE001 - e.g. a truncated .distcp of a checkpoint without a manifest
+        raise CheckpointError(f"checkpoint {path}: its data cannot be read ({type(e).__name__})") from e
     return {k[len(prefix) :]: v for k, v in sd.items()}
 
 
@@ -63,10 +76,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         path = _checkpoint_dir(args.checkpoint)
-    except FileNotFoundError as e:
+        sd = export(path, args.out)
+    except (FileNotFoundError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    sd = export(path, args.out)
     n = sum(v.numel() for v in sd.values())
     print(f"exported {path}: {len(sd)} tensors, {n / 1e6:.2f} M parameters -> {args.out}")
     return 0

@@ -53,6 +53,15 @@ def setup_logging(rank: int, run_dir: Optional[str]) -> None:
     quiet_known_warnings()
 
 
+def log_error_to_file(text: str) -> None:
+    """Write ``text`` as an ERROR record to ``train.log`` only (the console gets the ``error:`` line once, from the
+    command line's own print); nothing when logging to a file is not set up (ranks other than 0, early errors)."""
+    record = logging.getLogger("dlrm").makeRecord("dlrm", logging.ERROR, __file__, 0, text, None, None)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.handle(record)
+
+
 def quiet_known_warnings() -> None:
     """Silence library warnings that are known to be harmless here and repeat on every run.
 

@@ -16,9 +16,11 @@ correctly: tests/test_sharding_equivalence.py), and a JSON form of the plan (Tor
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
+import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -28,6 +30,7 @@ from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Stats
 from torchrec.distributed.sharding_plan import get_default_sharders, placement
@@ -38,7 +41,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dlrm.config import OptimizerConfig, ShardingConfig
+from dlrm.config import InputError, OptimizerConfig, ShardingConfig
 from dlrm.dist import DistInfo
 from dlrm.torchrec_compat import EnumerableShardingSpec, ShardMetadata
 
@@ -54,7 +57,7 @@ WHOLE_TABLE_TYPES = (ShardingType.TABLE_WISE.value, ShardingType.DATA_PARALLEL.v
 COLUMN_TYPES = (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value, ShardingType.GRID_SHARD.value)
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """The sharding config cannot be planned or run; the message names the table, config key and fix."""
 
 
@@ -374,6 +377,35 @@ def _too_big(t: TableInfo, need: int, cap: int, cuda: bool) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ planning
+# The order in which equally good options are tried: the planner keeps the first of equal cost, so this fixes the
+# tie-break (TorchRec enumerates a table's types and kernels through set intersections, whose order varies with
+# PYTHONHASHSEED from one launch to the next).
+_TYPE_ORDER = {t.value: i for i, t in enumerate(ShardingType)}
+_KERNEL_ORDER = {k: i for i, k in enumerate(FUSED_KERNELS + ("dense",))}
+
+
+class DeterministicEnumerator(EmbeddingEnumerator):
+    """TorchRec's enumerator with its sharding options in a fixed order: tables as the model holds them, and per
+    table by sharding type (``ShardingType`` order), then compute kernel, then TorchRec's own order. Same options,
+    same cost estimates; only equal-cost ties resolve the same way on every launch, so the same model, world size,
+    topology and config give the same plan."""
+
+    def enumerate(self, module: torch.nn.Module, sharders: List[Any]) -> List[Any]:
+        options = super().enumerate(module, sharders)
+        first = {}
+        for i, so in enumerate(options):
+            first.setdefault((so.path, so.name), i)
+        return sorted(
+            options,
+            key=lambda so: (
+                first[(so.path, so.name)],
+                _TYPE_ORDER.get(so.sharding_type, len(_TYPE_ORDER)),
+                _KERNEL_ORDER.get(so.compute_kernel, len(_KERNEL_ORDER)),
+                so.compute_kernel,
+            ),
+        )
+
+
 class _CaptureStats(Stats):
     """Keeps the planner's chosen ``ShardingOption`` list (per-shard storage estimates) for the plan table."""
 
@@ -456,6 +488,7 @@ def plan_model(
     planner = EmbeddingShardingPlanner(
         topology=topo,
         batch_size=batch_size,
+        enumerator=DeterministicEnumerator(topology=topo, batch_size=batch_size, constraints=constraints),
         constraints=constraints,
         storage_reservation=HeuristicalStorageReservation(percentage=cfg.storage_reservation),
         stats=[stats],
@@ -613,6 +646,83 @@ def shard(
     return dmp, info_.plan
 
 
+# ------------------------------------------------------------------------------------------- table weights
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xorshift-multiply rounds) of int64 tensors holding values in [0, 2^32); multipliers
+    below 2^31 keep every product inside int64."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    return x ^ (x >> 16)
+
+
+def _table_key(name: str, seed: int) -> int:
+    key = torch.tensor([(zlib.crc32(name.encode()) ^ (seed * 0x61C88647)) & _M32], dtype=torch.int64)
+    return int(_mix32(_mix32(key))[0])
+
+
+def initial_weights(
+    name: str, seed: int, rows: Tuple[int, int], cols: Tuple[int, int], low: float, high: float, device: torch.device
+) -> torch.Tensor:
+    """Initial weights of rows ``[rows[0], rows[1])`` and columns ``[cols[0], cols[1])`` of table ``name``: uniform in
+    ``[low, high)`` (TorchRec's default range is ``+-sqrt(1 / num_embeddings)``), each value a hash of ``(seed,
+    table, row, column)`` alone. So a shard computes its own part wherever it lives, on any device, and every
+    sharding plan and world size starts from the same tables. Returns fp32 ``[rows, cols]`` on ``device``."""
+    key = _table_key(name, seed)
+    r = torch.arange(rows[0], rows[1], dtype=torch.int64, device=device)[:, None]
+    c = torch.arange(cols[0], cols[1], dtype=torch.int64, device=device)[None, :]
+    h = _mix32(_mix32(r ^ key) ^ ((c * 0x61C88647) & _M32))
+    return low + (high - low) * ((h >> 8).to(torch.float32) * (1.0 / (1 << 24)))
+
+
+def seed_tables(model: torch.nn.Module, configs: Sequence[Any], seed: int, rows_per_chunk: int = 1 << 16) -> int:
+    """Overwrite every table shard of the sharded ``model`` with :func:`initial_weights` (DMP initialises each
+    shard from its rank's RNG stream, so the tables would otherwise depend on the plan and the world size).
+
+    Args:
+        model: the DMP model (its ``state_dict`` views the live TBE weights and data_parallel replicas).
+        configs: the ``EmbeddingBagConfig`` of every table (names, init ranges).
+        seed: the run's ``seed``.
+        rows_per_chunk: rows computed at a time (bounds the temporary int64 tensors).
+
+    Returns:
+        How many table shards (or replicas) were written on this rank.
+    """
+    by_name = {c.name: c for c in configs}
+    n = 0
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            parts = key.split(".")
+            if len(parts) < 2 or parts[-1] != "weight" or parts[-2] not in by_name or "embedding_bags" not in key:
+                continue
+            cfg = by_name[parts[-2]]
+            pieces = (
+                [(s.metadata.shard_offsets, s.tensor) for s in value.local_shards()]
+                if hasattr(value, "local_shards")
+                else [((0, 0), value)]
+            )
+            for (r0, c0), t in pieces:
+                for lo in range(0, t.shape[0], rows_per_chunk):
+                    hi = min(t.shape[0], lo + rows_per_chunk)
+                    t[lo:hi].copy_(
+                        initial_weights(
+                            cfg.name,
+                            seed,
+                            (r0 + lo, r0 + hi),
+                            (c0, c0 + t.shape[1]),
+                            cfg.get_weight_init_min(),
+                            cfg.get_weight_init_max(),
+                            t.device,
+                        )
+                    )
+                n += 1
+    return n
+
+
 # ------------------------------------------------------------------------------------------------ plan.json
 def plan_to_json(pi: PlanInfo) -> Dict[str, Any]:
     """The plan as a JSON-able dict (``plan.json``): topology, then one entry per table with its shards."""
@@ -660,9 +770,28 @@ def plan_to_json(pi: PlanInfo) -> Dict[str, Any]:
     }
 
 
+def plan_fingerprint(pi: PlanInfo) -> str:
+    """12 hex digits naming the placement: every table's sharding type, kernel, ranks and shards, and the world
+    layout (memory estimates left out). The same plan gives the same fingerprint on every launch and machine."""
+    doc = plan_to_json(pi)
+    tables = [
+        {k: v for k, v in t.items() if k != "shards"}
+        | {"shards": [[s["rank"], s["offsets"], s["sizes"]] for s in t["shards"]]}
+        for t in doc["tables"]
+    ]
+    key = {
+        "world_size": pi.world_size,
+        "local_world_size": pi.local_world_size,
+        "device": pi.compute_device,
+        "tables": tables,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def save_plan(pi: PlanInfo, path: str) -> None:
+    """Write ``plan.json`` (:func:`plan_to_json` plus its :func:`plan_fingerprint`)."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(plan_to_json(pi), f, indent=1)
+        json.dump({**plan_to_json(pi), "fingerprint": plan_fingerprint(pi)}, f, indent=1)
         f.write("\n")
 
 
@@ -814,7 +943,7 @@ def format_plan(pi: PlanInfo) -> str:
     line = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
     out = [
         f"sharding plan ({pi.source}) for {pi.world_size} ranks ({pi.local_world_size} per host) on "
-        f"{pi.compute_device}:",
+        f"{pi.compute_device}, fingerprint {plan_fingerprint(pi)}:",
         line(head),
         line(tuple("-" * w for w in widths)),
     ]

@@ -63,6 +63,7 @@ PRIVATE_NAMES: Dict[str, str] = {
     "torch._dynamo.reset": "drop compiled code, so each build compiles under its own settings",
     "torch.autograd.Variable._execution_engine.queue_callback": "run a function at the end of the backward pass",
     "torch.cuda._sleep": "a kernel that spins for a number of GPU cycles (the bench's GPU probe)",
+    "torch.distributed.checkpoint.filesystem._StorageInfo.relative_path": "the file a DCP write result went to",
 }
 
 
@@ -255,6 +256,18 @@ def copy_state_dict(state_dict: Dict[str, Any], into: Dict[str, Any], non_blocki
     from torch.distributed._state_dict_utils import _copy_state_dict
 
     return _copy_state_dict(state_dict, into, non_blocking=non_blocking)
+
+
+def written_files(results: List[Any]) -> List[str]:
+    """The files (relative to the checkpoint directory) that DCP's ``FileSystemWriter.write_data`` wrote, from its
+    ``WriteResult`` list."""
+    out = []
+    for r in results:
+        rel = getattr(getattr(r, "storage_data", None), "relative_path", None)
+        if not isinstance(rel, str):
+            raise _missing("torch.distributed.checkpoint.filesystem._StorageInfo.relative_path", "WriteResult")
+        out.append(rel)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ compile

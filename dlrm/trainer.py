@@ -12,6 +12,7 @@ in-training evaluation, per-rank data layout, TorchRec's fused optimizers); ever
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
-from dlrm.checkpoint import Checkpointer, RunFacts, TrainState
+from dlrm.checkpoint import Checkpointer, RunFacts, TrainState, checkpoint_root, choose_checkpoint, saved_plan
 from dlrm.config import Config, ConfigError, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
@@ -39,7 +40,7 @@ from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_d
 from dlrm.pipeline import build_pipeline, check_pipeline_device
 from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
-from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, shard
+from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, seed_tables, shard
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,12 @@ class Built:
 
 
 def build_training(
-    cfg: Config, info: DistInfo, batch_size: int, skip_nonfinite: bool = False, hooks: Optional[BuildHooks] = None
+    cfg: Config,
+    info: DistInfo,
+    batch_size: int,
+    skip_nonfinite: bool = False,
+    hooks: Optional[BuildHooks] = None,
+    init_tables: bool = True,
 ) -> Built:
     """Model, plan, DMP, perf levers, optimizers, LR schedule and pipeline, exactly as the trainer runs them (the
     step benchmark, ``bench/throughput.py``, times this same stack).
@@ -83,6 +89,8 @@ def build_training(
         batch_size: samples per rank per step (the planner's batch size).
         skip_nonfinite: ``trainer.on_nonfinite=skip_batch``.
         hooks: pieces to swap (:class:`BuildHooks`); None: the trainer's own.
+        init_tables: give every table its initial weights from ``seed`` alone (:func:`dlrm.sharding.seed_tables`),
+            the same for every plan and world size; false when a checkpoint will overwrite them.
 
     Raises:
         ConfigError: a ``perf.*`` setting this device cannot run.
@@ -113,6 +121,15 @@ def build_training(
         allreduce_dtype=perf.allreduce_dtype,
         ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb,
     )
+    if init_tables:
+        t0 = time.perf_counter()
+        n = seed_tables(dmp, tables, cfg.seed)
+        log.info(
+            "initial tables from seed %d (the same for every plan): %d shard(s) on this rank in %.1fs",
+            cfg.seed,
+            n,
+            time.perf_counter() - t0,
+        )
     # perf levers on the sharded model
     perf_setup = apply_perf(dmp, plan, perf, info.world_size, compile_fn=hooks.compile_dense)
     # optimizers and schedule
@@ -221,7 +238,16 @@ class Trainer:
         )
 
         self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
-        built = build_training(cfg, info, self.batch_size, self.skip_nonfinite)
+        # the checkpoint to resume from is chosen (and verified) before planning: its saved plan is reused when
+        # this job has the layout it was planned for, and its tables replace the initial ones
+        resume_from = choose_checkpoint(cfg.checkpoint, checkpoint_root(cfg.checkpoint, self.run_dir), info)
+        if resume_from is not None and cfg.sharding.plan_path is None:
+            plan_path = saved_plan(resume_from, info)
+            if plan_path is not None:
+                cfg = self.cfg = dataclasses.replace(
+                    cfg, sharding=dataclasses.replace(cfg.sharding, plan_path=plan_path)
+                )
+        built = build_training(cfg, info, self.batch_size, self.skip_nonfinite, init_tables=resume_from is None)
         model = built.unsharded
         self.model, self.plan, self.optimizer = built.model, built.plan, built.optimizer
         self.scheduler, self.pipeline = built.scheduler, built.pipeline
@@ -270,9 +296,9 @@ class Trainer:
             self.model,
             self.optimizer,
             self.scheduler,
-            RunFacts(self.global_batch, self.steps_per_epoch, self.total_steps, self.plan, cfg),
+            RunFacts(self.global_batch, self.steps_per_epoch, self.total_steps, self.model.plan_info, cfg),
         )
-        if self.ckpt.resume(self.state):
+        if self.ckpt.resume(self.state, resume_from):
             self.metrics.advance(self.step)
 
     def _agree_run_dir(self, run_dir: str) -> str:
@@ -331,7 +357,7 @@ class Trainer:
             self.setup()
         cfg, info = self.cfg, self.info
         assert info is not None and self.metrics is not None
-        it = self._train_iter()
+        it = self._it = self._train_iter()
         every = cfg.logger.log_every_n_steps
         win = self.state.window  # a resumed run's holds the unlogged steps of its checkpoint
         assert win is not None
@@ -507,8 +533,14 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ close
     def close(self) -> None:
+        """Shut down in order, on every exit path: the profiler, the loader's background thread, the last async
+        checkpoint write, the metric sinks (the process groups go last, in ``dlrm.dist.shutdown``)."""
         if getattr(self, "profiler", None) is not None:
             self.profiler.close()  # an exception mid-run: stop profiling, drop the hooks
+        it = getattr(self, "_it", None)
+        if it is not None and hasattr(it, "close"):
+            it.close()  # a generator: its finally stops and joins the prefetch thread (dlrm.data.binary.Prefetcher)
+            self._it = None
         if getattr(self, "ckpt", None) is not None:
             self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
         if self.metrics is not None:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import dlrm.data as D
-from conftest import run_gloo
-from dlrm.config import compose, to_config
+from conftest import REPO, run_gloo
+from dlrm.config import DataConfig, InputError, ModelConfig, compose, to_config
 from dlrm.data import binary as B
 from dlrm.data import multihot as MH
 from dlrm.data import preprocess as P
@@ -397,3 +397,83 @@ def test_trainer_on_binary_equals_trainer_on_tsv(tmp_path: Path) -> None:
     tsv, binary = res[0]
     assert tsv and set(tsv) == set(binary) and "val_auc" in tsv and "test_auc" in tsv
     assert tsv == binary
+
+
+def test_binary_format_error_is_an_input_error() -> None:
+    """The command line prints an InputError as one `error:` line and exits 2 (dlrm/cli.py)."""
+    assert issubclass(B.BinaryFormatError, InputError)
+
+
+def test_dataset_dir_that_is_a_file_or_missing_names_the_key(ds: Path, tmp_path: Path) -> None:
+    with pytest.raises(B.BinaryFormatError) as e:
+        B.read_meta(str(ds / "meta.json"))
+    assert str(e.value) == (
+        f"config key `data.dataset_dir`: {str(ds / 'meta.json')!r} is a file, not a directory; "
+        f"pass data.dataset_dir={ds}"
+    )
+    with pytest.raises(B.BinaryFormatError, match=r"config key `data.dataset_dir`: no such directory '.*nope' "):
+        B.read_meta(str(tmp_path / "nope"))
+    (tmp_path / "meta.json").write_text("{not json")
+    with pytest.raises(B.BinaryFormatError, match=r"meta.json: not valid JSON \("):
+        B.read_meta(str(tmp_path))
+
+
+@pytest.mark.parametrize("max_rows", [300, 750])
+def test_max_rows_caps_training_rows_alike_for_tsv_and_binary(ds: Path, tmp_path: Path, max_rows: int) -> None:
+    """``data.max_rows`` is the number of training rows for both formats: binary (training days 700 + 555 rows;
+    750 crosses into day 1) and TSV, with or without data.val_path; validation rows are never capped."""
+    from test_binary_preprocess import gen_tsv
+
+    gen_tsv(tmp_path / "train.tsv", 1255, seed=1)
+    gen_tsv(tmp_path / "val.tsv", 202, seed=2)
+    model = ModelConfig(num_embeddings_per_feature=ROWS, row_cap=None)
+    common = dict(max_rows=max_rows, multi_hot=False)
+    b_train, b_val, _ = D.load_splits(DataConfig(name="criteo_binary", dataset_dir=str(ds), **common), model, 0)
+    t_train, t_val, _ = D.load_splits(
+        DataConfig(name="criteo_tsv", train_path=str(tmp_path / "train.tsv"), **common), model, 0
+    )
+    v_train, v_val, _ = D.load_splits(
+        DataConfig(
+            name="criteo_tsv", train_path=str(tmp_path / "train.tsv"), val_path=str(tmp_path / "val.tsv"), **common
+        ),
+        model,
+        0,
+    )
+    assert len(b_train) == len(t_train) == len(v_train) == max_rows
+    assert (len(b_val), len(v_val)) == (202, 202)
+    assert len(t_val) == round(max_rows * 0.25)  # the rows read split 80 / 20, as without a cap
+    uncapped = D.load_splits(DataConfig(name="criteo_binary", dataset_dir=str(ds), max_rows=5000), model, 0)[0]
+    assert len(uncapped) == 1255
+
+
+def test_missing_meta_json_is_one_error_line_exit_2(tmp_path: Path) -> None:
+    """`python train.py data=criteo_binary` on a directory without meta.json: exit 2, one `error:` line naming the
+    key and the fix, in stderr and train.log, no traceback."""
+    import subprocess
+    import sys
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = tmp_path / "run"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "data=criteo_binary",
+            f"data.dataset_dir={empty}",
+            "device=cpu",
+            f"hydra.run.dir={run}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = (
+        f"error: config key `data.dataset_dir`: {str(empty)!r} has no meta.json; build the dataset with "
+        f"`python data/preprocess_criteo.py --layout terabyte --input-dir <day files> --out {empty}`"
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert line in r.stderr.splitlines()
+    assert "Traceback" not in r.stderr
+    assert line in (run / "train.log").read_text()

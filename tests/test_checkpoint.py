@@ -320,6 +320,142 @@ def test_resume_errors_are_clear(tmp_path: Path) -> None:
         resolve_checkpoint(str(tmp_path / "nope"))
 
 
+# ------------------------------------------------------------------------------------------ damaged checkpoints
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of 8 steps saving step_4 and step_8 (synchronously), kept for the damage tests to copy."""
+    d = tmp_path_factory.mktemp("ck") / "run"
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            *SMALL,
+            "trainer.max_steps=8",
+            "checkpoint.every_n_steps=4",
+            "checkpoint.async_save=false",
+            "checkpoint.keep_last=null",
+        ]
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return d
+
+
+def _damaged_copy(src: Path, dst: Path, name: str, how: str) -> Path:
+    """A copy of the run whose step_8 has file ``name`` truncated (``how="truncate"``) or one byte flipped in its
+    middle (``"flip"``, same size)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    f = dst / "checkpoints" / "step_8" / name
+    data = bytearray(f.read_bytes())
+    if how == "truncate":
+        f.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    return dst / "checkpoints"
+
+
+def test_every_checkpoint_has_a_manifest_of_its_files(two_checkpoints: Path) -> None:
+    import json
+    import zlib
+
+    from dlrm.checkpoint import BLOCK, verify_checkpoint
+
+    for step in (4, 8):
+        ck = two_checkpoints / "checkpoints" / f"step_{step}"
+        manifest = json.loads((ck / "manifest.json").read_text())
+        names = sorted(p.name for p in ck.iterdir() if p.name != "manifest.json")
+        assert sorted(manifest["files"]) == names  # every other file, the rank parts merged and removed
+        assert {"meta.json", "plan.json", ".metadata", "rank_0.pt", "__0_0.distcp"} <= set(names)
+        for name, entry in manifest["files"].items():
+            data = (ck / name).read_bytes()
+            assert entry["size"] == len(data)
+            assert entry["crc32"] == [zlib.crc32(data[i : i + BLOCK]) for i in range(0, max(len(data), 1), BLOCK)]
+        assert verify_checkpoint(str(ck)) is None
+
+
+@pytest.mark.parametrize(
+    "name, how, says",
+    [
+        ("__0_0.distcp", "truncate", r"__0_0\.distcp has [\d,]+ bytes where the manifest records [\d,]+"),
+        ("meta.json", "truncate", r"meta\.json has [\d,]+ bytes where the manifest records"),
+        ("rank_0.pt", "flip", r"rank_0\.pt differs from its manifest checksum at bytes 0-"),
+    ],
+)
+def test_resume_auto_skips_a_damaged_checkpoint(
+    two_checkpoints: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, how: str, says: str
+) -> None:
+    """``resume=auto`` verifies the newest checkpoint; damaged, it is named with the file and the previous one is
+    taken. ``resume=<that path>`` and ``python -m dlrm.export`` of it fail with one message naming the file."""
+    import logging
+    import re
+
+    from dlrm.checkpoint import CheckpointError, choose_checkpoint
+    from dlrm.config import CheckpointConfig
+    from dlrm.dist import DistInfo
+    from dlrm.export import main as export_main
+
+    root = _damaged_copy(two_checkpoints, tmp_path / "run", name, how)
+    info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
+    with caplog.at_level(logging.WARNING, logger="dlrm"):
+        chosen = choose_checkpoint(CheckpointConfig(resume="auto"), str(root), info)
+    assert chosen == str(root / "step_4")
+    assert re.search(
+        rf"checkpoint {re.escape(str(root / 'step_8'))} is damaged: {says}.*; trying the previous "
+        "checkpoint",
+        caplog.text,
+    ), caplog.text
+    with pytest.raises(CheckpointError, match=rf"^checkpoint .*step_8 is damaged: {says}"):
+        choose_checkpoint(CheckpointConfig(resume=str(root / "step_8")), str(root), info)
+    assert export_main([str(root / "step_8"), str(tmp_path / "m.pt")]) == 2
+    if how == "truncate":  # sizes alone catch a truncation
+        assert choose_checkpoint(CheckpointConfig(resume="auto", verify="size"), str(root), info) == str(
+            root / "step_4"
+        )
+
+
+def test_damaged_checkpoint_end_to_end(two_checkpoints: Path, tmp_path: Path) -> None:
+    """train.py with the newest checkpoint truncated resumes from the previous one (into its saved plan) and
+    finishes; pointed at the damaged one it exits 2 with one error line naming the file, also in train.log."""
+    root = _damaged_copy(two_checkpoints, tmp_path / "run", "__0_0.distcp", "truncate")
+    d = root.parent
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            *SMALL,
+            "trainer.max_steps=10",
+            "checkpoint.every_n_steps=4",
+            "checkpoint.async_save=false",
+        ]
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    log = (d / "train.log").read_text()
+    assert "step_8 is damaged: __0_0.distcp has" in log and "resumed from" in log and "step_4 at step 4" in log
+    assert "resuming into the plan saved with" in log
+    assert (root / "step_8" / "manifest.json").is_file()  # the run saved step 8 again, intact
+    root = _damaged_copy(two_checkpoints, tmp_path / "run2", "__0_0.distcp", "truncate")
+    bad = tmp_path / "bad"
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={bad}",
+            *SMALL,
+            "trainer.max_steps=10",
+            f"checkpoint.resume={root / 'step_8'}",
+        ]
+    )
+    assert p.returncode == 2, p.stdout[-3000:] + p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "step_8 is damaged: __0_0.distcp has" in errors[0], p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    assert errors[0] in (bad / "train.log").read_text()
+
+
 # ------------------------------------------------------------------------------------------------- CUDA (GPU)
 def _local_pieces(state: dict) -> Dict[str, List[tuple]]:
     """name -> [(offsets, tensor)] of this rank's data (ShardedTensor: its local shards), cloned on the device."""

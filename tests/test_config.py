@@ -141,3 +141,66 @@ def test_configuration_reference_names_every_key_and_default() -> None:
         assert row in text, row
     for removed in ("allreduce_group", "allreduce_max_ctas", "input_dist_max_ctas", "coordinate_descent"):
         assert removed not in text
+
+
+def test_val_fraction_with_binary_data_is_refused() -> None:
+    """data=criteo_binary validates on the first half of its last day: a val_fraction would be ignored."""
+    base = ["data=criteo_binary", "data.dataset_dir=x"]
+    assert to_config(compose(base)).data.val_fraction == 0.2
+    with pytest.raises(ConfigError) as e:
+        to_config(compose([*base, "data.val_fraction=0.1"]))
+    assert str(e.value) == (
+        "config key `data.val_fraction`: data=criteo_binary validates on the first half of its last day; "
+        "drop data.val_fraction"
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["data.val_fraction=0.3"],
+            "config key `data.val_fraction`: data=synthetic validates on data.num_val_samples generated rows; "
+            "set data.num_val_samples instead of data.val_fraction",
+        ),
+        (
+            ["data=criteo_tsv", "data.train_path=a.tsv", "data.val_path=b.tsv", "data.val_fraction=0.3"],
+            "config key `data.val_fraction`: data.val_path gives the validation rows, so data.val_fraction is "
+            "unused; drop data.val_fraction, or drop data.val_path to validate on the last data.val_fraction of "
+            "data.train_path",
+        ),
+        (
+            ["data.max_rows=1000"],
+            "config key `data.max_rows`: data=synthetic generates data.num_train_samples training rows; set "
+            "data.num_train_samples instead of data.max_rows",
+        ),
+    ],
+)
+def test_settings_the_source_would_ignore_are_refused(overrides, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        to_config(compose(overrides))
+    assert str(e.value) == message
+
+
+def test_validation_or_test_file_equal_to_the_training_file_is_refused(tmp_path: Path) -> None:
+    """Training on the validation (or test) rows inflates AUC: the same path, spelt differently or through a link,
+    is refused naming both keys."""
+    train = tmp_path / "train.tsv"
+    train.write_text("")
+    (tmp_path / "link.tsv").symlink_to(train)
+    tsv = ["data=criteo_tsv", f"data.train_path={train}"]
+    for spelt in (str(train), f"{tmp_path}/./sub/../train.tsv", str(tmp_path / "link.tsv")):
+        with pytest.raises(ConfigError) as e:
+            to_config(compose([*tsv, f"data.val_path={spelt}"]))
+        assert str(e.value) == (
+            f"config key `data.val_path`: {spelt!r} is the same file as data.train_path ({str(train)!r}): "
+            "validating on the training rows inflates AUC; pass a separate validation file, or drop "
+            "data.val_path to validate on the last data.val_fraction of data.train_path"
+        )
+    with pytest.raises(ConfigError) as e:
+        to_config(compose(["data=criteo_tsv", "data.train_path=a.tsv", "data.test_path=./a.tsv"]))
+    assert str(e.value) == (
+        "config key `data.test_path`: './a.tsv' is the same file as data.train_path ('a.tsv'): testing on the "
+        "training rows inflates AUC; pass a separate test file, or drop data.test_path"
+    )
+    assert to_config(compose([*tsv, f"data.val_path={tmp_path / 'val.tsv'}"])).data.val_path

@@ -8,7 +8,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from dlrm import data as D
-from dlrm.config import DataConfig, ModelConfig
+from dlrm.config import DataConfig, InputError, ModelConfig
 from dlrm.model import FEATURE_NAMES
 
 
@@ -138,3 +138,52 @@ def test_synthetic_is_learnable_and_deterministic() -> None:
     assert (tr.ids < torch.tensor(rows)).all()
     teacher = D.Teacher([min(r, D.SYNTHETIC_MAX_VOCAB) for r in rows], cfg.teacher_dim, cfg.teacher_seed)
     assert roc_auc_score(va.labels.numpy(), teacher.logits(va.dense, va.ids).numpy()) > 0.8
+
+
+def _tsv(path, n: int) -> str:
+    """``n`` valid Criteo lines whose I1 is the 0-based row number (to tell the rows apart after the split)."""
+    lines = ["\t".join([str(i % 2), str(i)] + [""] * 12 + [""] * 26) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _row_numbers(split: D.Split) -> list:
+    return torch.round(torch.expm1(split.dense[:, 0])).long().tolist()  # I1 = log(row + 1)
+
+
+def test_max_rows_caps_the_training_rows_of_a_tsv(tmp_path) -> None:
+    """``data.max_rows`` counts training rows: 40 train and, without val_path, the next 10 validate (the rows read
+    split by val_fraction 0.2); a file too short for the cap splits as without one; val_path is read whole."""
+    rows = ModelConfig().table_rows
+    train_path = _tsv(tmp_path / "train.tsv", 100)
+    tr, va, _ = D.load_criteo_tsv(DataConfig(name="criteo_tsv", train_path=train_path, max_rows=40), rows)
+    assert (_row_numbers(tr), _row_numbers(va)) == (list(range(40)), list(range(40, 50)))
+    assert va.describe_rows(0, len(va)) == f"{train_path} lines 41-50"
+    tr, va, _ = D.load_criteo_tsv(DataConfig(name="criteo_tsv", train_path=train_path, max_rows=90), rows)
+    assert (len(tr), len(va)) == (80, 20)  # 100 rows < 90 + 23: the whole file, split 80 / 20
+    assert [len(s) for s in D.load_criteo_tsv(DataConfig(name="criteo_tsv", train_path=train_path), rows)[:2]] == [
+        80,
+        20,
+    ]
+    val_path = _tsv(tmp_path / "val.tsv", 30)
+    tr, va, _ = D.load_criteo_tsv(
+        DataConfig(name="criteo_tsv", train_path=train_path, val_path=val_path, max_rows=40), rows
+    )
+    assert (len(tr), len(va)) == (40, 30)
+    assert D.held_out_rows(8000, 0.2) == 2000 and D.held_out_rows(1, 0.2) == 1 and D.held_out_rows(30, 0.5) == 30
+
+
+def test_every_tsv_path_is_checked_before_the_training_file_is_parsed(tmp_path) -> None:
+    bad_train = tmp_path / "train.tsv"
+    bad_train.write_text("label-is-not-a-row\n")  # parsing it would fail at line 1
+    (tmp_path / "test_dir").mkdir()
+    cfg = DataConfig(name="criteo_tsv", train_path=str(bad_train), test_path=str(tmp_path / "test_dir"))
+    with pytest.raises(InputError) as e:
+        D.load_criteo_tsv(cfg, ModelConfig().table_rows)
+    assert str(e.value) == (
+        f"config key `data.test_path`: {str(tmp_path / 'test_dir')!r} is a directory, not a file; "
+        "pass data.test_path=<a Criteo TSV file in it, plain or gzip>"
+    )
+    cfg = DataConfig(name="criteo_tsv", train_path=str(bad_train), val_path=str(tmp_path / "nope.tsv"))
+    with pytest.raises(FileNotFoundError, match=r"config key `data.val_path`: no such file .*nope\.tsv"):
+        D.load_criteo_tsv(cfg, ModelConfig().table_rows)

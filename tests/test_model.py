@@ -1,6 +1,8 @@
-"""Model builders: output shapes of every preset on CPU (unsharded)."""
+"""Model builders: output shapes of every preset on CPU (unsharded), and the checks of the batches the model takes."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -140,3 +142,267 @@ def test_zero_copy_sparse_arch_equals_torchrec_sparse_arch(permute: bool, in_key
     (b * w).sum().backward()
     for n, p in ebc.named_parameters():
         assert torch.equal(grads[n], p.grad), n
+
+
+B = 3  # samples of the hand-built batches below
+ONES = torch.ones(26 * B, dtype=torch.int32)
+
+
+def _kjt(lengths=None, offsets=None, keys=FEATURE_NAMES, n_values=None, **kw):
+    """A KJT over ``keys`` with zero ids: ``n_values`` of them, else as many as the lengths (or offsets) say."""
+    from torchrec import KeyedJaggedTensor
+
+    if n_values is None:
+        n_values = int(lengths.clamp(min=0).sum()) if lengths is not None else int(offsets[-1])
+    values = torch.zeros(n_values, dtype=torch.int64)
+    return KeyedJaggedTensor(keys=list(keys), values=values, lengths=lengths, offsets=offsets, **kw)
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=lengths.dtype), lengths.cumsum(0).to(lengths.dtype)])
+
+
+def _batch(sparse, b: int = B, dense=None, labels=None):
+    from torchrec.datasets.utils import Batch
+
+    return Batch(
+        dense_features=torch.rand(b, 13) if dense is None else dense,
+        sparse_features=sparse,
+        labels=torch.tensor([0.0, 1.0, 1.0, 0.0][:b]) if labels is None else labels,
+    )
+
+
+def _with(i: int, v: int, base: torch.Tensor = ONES) -> torch.Tensor:
+    out = base.clone()
+    out[i] = v
+    return out
+
+
+KEYS_EXPECTED = "keys must be the model's 26 features cat_0, cat_1, ..., cat_25, each once, in that order"
+SWAPPED = FEATURE_NAMES[:3] + ["cat_4", "cat_3"] + FEATURE_NAMES[5:]
+BAD_BATCHES = {
+    "lengths_count": (
+        lambda: _batch(_kjt(torch.ones(79, dtype=torch.int32))),
+        "batch: sparse_features has 79 lengths; expected 26 features x 3 samples = 78 "
+        "(one length per feature and sample, feature-major)",
+    ),
+    "lengths_for_another_batch_size": (
+        lambda: _batch(_kjt(ONES), b=4),
+        "batch: sparse_features has 78 lengths; expected 26 features x 4 samples = 104",
+    ),
+    "offsets_per_feature_concatenated": (
+        lambda: _batch(_kjt(offsets=torch.arange(B + 1).repeat(26), n_values=B)),
+        "batch: sparse_features has 104 offsets; expected 26 features x 3 samples + 1 = 79 "
+        "(one non-decreasing list over all features, starting at 0)",
+    ),
+    "offsets_decrease": (
+        lambda: _batch(_kjt(offsets=_offsets(_with(4 * B + 2, -3)))),
+        "batch: feature cat_4 has offsets that decrease (-3 at sample 2); offsets must be one non-decreasing list "
+        "over all features",
+    ),
+    "offsets_start": (
+        lambda: _batch(_kjt(offsets=_offsets(ONES) + 5)),
+        "batch: sparse_features offsets start at 5; expected 0",
+    ),
+    "offsets_end": (
+        lambda: _batch(_kjt(offsets=_offsets(ONES), n_values=80)),
+        "batch: sparse_features has 80 values; its offsets end at 78 (the last offset must equal len(values))",
+    ),
+    "negative_length": (
+        lambda: _batch(_kjt(_with(4 * B + 2, -3))),
+        "batch: feature cat_4 has a negative length (-3 at sample 2); lengths must be >= 0",
+    ),
+    "lengths_sum": (
+        lambda: _batch(_kjt(ONES, n_values=77)),
+        "batch: sparse_features has 77 values; its lengths sum to 78 (sum(lengths) must equal len(values))",
+    ),
+    "lengths_and_offsets_disagree": (
+        lambda: _batch(_kjt(ONES, offsets=_offsets(_with(5, 2)))),
+        "batch: feature cat_1 has length 1 at sample 2 where its offsets differ by 2; offsets must be 0 followed "
+        "by the running sum of lengths",
+    ),
+    "stride": (
+        lambda: _batch(_kjt(ONES, stride=4)),
+        "batch: sparse_features has stride 4; expected 3 (dense_features has 3 rows)",
+    ),
+    "missing_key": (
+        lambda: _batch(_kjt(ONES[: 25 * B], keys=FEATURE_NAMES[:25])),
+        f"batch: sparse_features lacks feature(s) cat_25; {KEYS_EXPECTED}",
+    ),
+    "extra_key": (
+        lambda: _batch(_kjt(torch.ones(27 * B, dtype=torch.int32), keys=FEATURE_NAMES + ["cat_26"])),
+        f"batch: sparse_features has key(s) the model does not have: cat_26; {KEYS_EXPECTED}",
+    ),
+    "renamed_key": (
+        lambda: _batch(_kjt(ONES, keys=FEATURE_NAMES[:3] + ["C4"] + FEATURE_NAMES[4:])),
+        f"batch: sparse_features lacks feature(s) cat_3 and has key(s) the model does not have: C4; {KEYS_EXPECTED}",
+    ),
+    "repeated_key": (
+        lambda: _batch(_kjt(torch.ones(27 * B, dtype=torch.int32), keys=FEATURE_NAMES + ["cat_0"])),
+        f"batch: sparse_features repeats key(s) cat_0; {KEYS_EXPECTED}",
+    ),
+    "keys_out_of_order": (
+        lambda: _batch(_kjt(ONES, keys=SWAPPED)),
+        f"batch: sparse_features keys are out of order: key 3 is cat_4 where the model has cat_3; {KEYS_EXPECTED}",
+    ),
+    "dense_columns": (
+        lambda: _batch(_kjt(ONES), dense=torch.rand(B, 12)),
+        "batch: dense_features has shape [3, 12]; expected [B, 13] (one row of 13 dense features per sample)",
+    ),
+    "dense_flat": (
+        lambda: _batch(_kjt(ONES), dense=torch.rand(B * 13)),
+        "batch: dense_features has shape [39]; expected [B, 13]",
+    ),
+    "labels_length": (
+        lambda: _batch(_kjt(ONES), labels=torch.zeros(4)),
+        "batch: labels has shape [4]; expected [3] (one label per sample: dense_features has 3 rows)",
+    ),
+    "labels_column": (
+        lambda: _batch(_kjt(ONES), labels=torch.zeros(B, 1)),
+        "batch: labels has shape [3, 1]; expected [3]",
+    ),
+    "sparse_not_a_kjt": (
+        lambda: _batch({"cat_0": torch.zeros(B)}),
+        "batch: sparse_features is a dict; expected a torchrec KeyedJaggedTensor",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    cfg = to_config(compose(["model.row_cap=16"])).model
+    torch.manual_seed(0)
+    return build_model(cfg, dense_device=torch.device("cpu"), table_device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("case", list(BAD_BATCHES))
+def test_bad_batch_names_what_is_wrong(tiny_model, case: str) -> None:
+    from dlrm.config import InputError
+    from dlrm.model import BatchError
+
+    make, expected = BAD_BATCHES[case]
+    with pytest.raises(BatchError) as e:
+        tiny_model(make())
+    assert isinstance(e.value, InputError) and isinstance(e.value, ValueError)
+    assert str(e.value).startswith(expected), str(e.value)
+
+
+def test_skip_nonfinite_model_checks_batches_too() -> None:
+    from dlrm.model import BatchError
+
+    cfg = to_config(compose(["model.row_cap=16"])).model
+    model = build_model(cfg, torch.device("cpu"), torch.device("cpu"), skip_nonfinite=True)
+    make, expected = BAD_BATCHES["lengths_count"]
+    with pytest.raises(BatchError, match="^" + re.escape(expected)):
+        model(make())
+    _, (_, _, _, ok) = model(_batch(_kjt(ONES)))
+    assert bool(ok)
+
+
+def _variable_bags() -> torch.Tensor:
+    """Lengths 0..3 per feature and sample: some bags empty."""
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.randint(0, 4, (26 * B,), generator=g, dtype=torch.int32)
+    lengths[0] = 0
+    return lengths
+
+
+@pytest.mark.parametrize("given", ["lengths", "offsets", "both"])
+def test_good_hand_built_batch_trains_one_step(given: str) -> None:
+    from torchrec import KeyedJaggedTensor
+
+    cfg = to_config(compose(["model.row_cap=16"])).model
+    torch.manual_seed(0)
+    model = build_model(cfg, dense_device=torch.device("cpu"), table_device=torch.device("cpu"))
+    lengths = _variable_bags()
+    g = torch.Generator().manual_seed(6)
+    values = torch.randint(0, min(cfg.table_rows), (int(lengths.sum()),), generator=g)
+    kw = {
+        "lengths": dict(lengths=lengths),
+        "offsets": dict(offsets=_offsets(lengths)),
+        "both": dict(lengths=lengths, offsets=_offsets(lengths), stride=B),
+    }[given]
+    batch = _batch(KeyedJaggedTensor(keys=FEATURE_NAMES, values=values, **kw), dense=torch.rand(B, 13, generator=g))
+    reference = _batch(
+        KeyedJaggedTensor(keys=FEATURE_NAMES, values=values, lengths=lengths), dense=batch.dense_features
+    )
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss, (_, logits, _) = model(batch)
+    assert torch.isfinite(loss) and logits.shape == (B,)
+    with torch.no_grad():
+        assert torch.equal(model(reference)[0], loss.detach())
+    loss.backward()
+    opt.step()
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert "model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_1.weight" in changed
+    assert any(n.startswith("model.over_arch") for n in changed)
+    assert torch.isfinite(model(batch)[0])
+
+
+def test_batch_value_checks_need_no_values_off_the_cpu() -> None:
+    """On tensors whose values cannot be read (meta here, as a CUDA tensor's cannot without a sync) only sizes,
+    shapes and keys are checked."""
+    from torchrec import KeyedJaggedTensor
+
+    from dlrm.model import BatchError, check_batch
+
+    meta = torch.device("meta")
+
+    def batch(n_lengths: int, n_values: int):
+        kjt = KeyedJaggedTensor(
+            keys=FEATURE_NAMES,
+            values=torch.empty(n_values, dtype=torch.int64, device=meta),
+            lengths=torch.empty(n_lengths, dtype=torch.int32, device=meta),
+        )
+        return _batch(kjt, dense=torch.empty(B, 13, device=meta), labels=torch.empty(B, device=meta))
+
+    check_batch(batch(26 * B, 5), FEATURE_NAMES)  # sum(lengths) unknown without reading them: not checked
+    with pytest.raises(BatchError, match="^batch: sparse_features has 79 lengths; expected 26 features x 3"):
+        check_batch(batch(79, 5), FEATURE_NAMES)
+
+
+def test_batch_checks_are_skipped_while_fx_tracing(tiny_model) -> None:
+    from unittest import mock
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("checked while tracing")
+
+    with (
+        mock.patch("dlrm.model.compat.is_fx_tracing", return_value=True),
+        mock.patch("dlrm.model.check_batch", side_effect=refuse),
+    ):
+        loss, _ = tiny_model(_batch(_kjt(ONES)))
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("multi_hot", [False, True])
+def test_loader_batches_pass_the_checks(multi_hot: bool) -> None:
+    from dlrm.model import check_batch
+
+    cfg = to_config(compose(["model.row_cap=64"])).model
+    g = torch.Generator().manual_seed(2)
+    n = 7
+    split = D.Split(torch.rand(n, 13, generator=g), torch.randint(0, 3, (n, 26), generator=g), torch.ones(n), "train")
+    mh = D.MultiHot(cfg.table_rows, cfg.multi_hot_sizes) if multi_hot else None
+    batches = list(
+        D.train_batches(
+            split,
+            global_batch=4,
+            rank=0,
+            world_size=1,
+            epochs=1,
+            max_steps=None,
+            feature_names=FEATURE_NAMES,
+            multi_hot=mh,
+            shuffle=True,
+            seed=0,
+        )
+    )
+    batches += [
+        b
+        for b, _ in D.eval_batches(split, batch_size=4, rank=1, world_size=2, feature_names=FEATURE_NAMES, multi_hot=mh)
+    ]
+    assert [len(b.labels) for b in batches] == [4, 3, 4]
+    for batch in batches:
+        check_batch(batch, FEATURE_NAMES)

@@ -216,6 +216,24 @@ def _check_end_of_backward_callback() -> None:
     assert order == ["queued", "leaf grad", "end"]
 
 
+def _check_written_files() -> None:
+    import os
+    import tempfile
+
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    with tempfile.TemporaryDirectory() as d:
+        writer = FileSystemWriter(d)
+        planner = DefaultSavePlanner()
+        planner.set_up_planner({"a": torch.arange(4.0)}, is_coordinator=True)
+        writer.set_up_storage_writer(True)
+        plan = writer.prepare_local_plan(planner.create_local_plan())
+        plan = writer.prepare_global_plan(planner.create_global_plan([plan])[0])[0]
+        files = compat.written_files(writer.write_data(planner.finish_plan(plan), planner).wait())
+        assert files and all(os.path.isfile(os.path.join(d, f)) for f in files), files
+
+
 def _check_gpu_spin() -> None:
     if not torch.cuda.is_available():
         assert callable(getattr(torch.cuda, "_sleep", None))
@@ -254,6 +272,7 @@ CHECKS = {
     "torch._dynamo.reset": _check_dynamo,
     "torch.autograd.Variable._execution_engine.queue_callback": _check_end_of_backward_callback,
     "torch.cuda._sleep": _check_gpu_spin,
+    "torch.distributed.checkpoint.filesystem._StorageInfo.relative_path": _check_written_files,
 }
 NEEDS_SHARDED = {_check_input_dist, _check_output_dist, _check_pooled_a2a, _check_state_dict_utils}
 

@@ -158,3 +158,54 @@ def test_dedicated_input_dist_group_trains_and_offload_needs_cuda(tmp_path: Path
     p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'uvm'}", "device=cpu", "offload=uvm"])
     assert p.returncode != 0
     assert "config key `offload.name`: offload=uvm needs CUDA" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_two_rank_trainer_exits_cleanly_under_load(tmp_path: Path) -> None:
+    """Three 2-rank runs back to back, with a busy loop competing for the CPU, each with everything that runs
+    beside the loop (the binary loader's prefetch thread, async checkpoint writes, gloo groups): every run ends
+    with exit status 0, no rank aborting at shutdown."""
+    import numpy as np
+
+    from dlrm.config import compose, to_config
+    from dlrm.data import binary as B
+
+    rows = to_config(compose(["model.row_cap=100"])).model.table_rows
+    g = np.random.default_rng(0)
+    days = [
+        (
+            g.standard_normal((n, 13)).astype(np.float32),
+            np.stack([g.integers(0, r, n) for r in rows], axis=1).astype(np.int32),
+            (g.random(n) < 0.3).astype(np.int32),
+        )
+        for n in (1024, 256)
+    ]
+    B.write_dataset(str(tmp_path / "bin"), days, rows)
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for i in range(3):
+            d = tmp_path / f"run{i}"
+            p = run(
+                [
+                    str(BIN / "torchrun"),
+                    "--standalone",
+                    "--nproc_per_node",
+                    "2",
+                    "train.py",
+                    f"hydra.run.dir={d}",
+                    "data=criteo_binary",
+                    f"data.dataset_dir={tmp_path / 'bin'}",
+                    "data.multi_hot=false",
+                    "model.row_cap=100",
+                    "data.batch_size=32",
+                    "trainer.max_steps=12",
+                    "eval.every_n_steps=6",
+                    "checkpoint.every_n_steps=4",
+                    "logger.log_every_n_steps=6",
+                ],
+                timeout=300,
+            )
+            assert p.returncode == 0, (i, p.stdout[-3000:] + p.stderr[-3000:])
+            assert "final validation AUC" in p.stdout and (d / "checkpoints" / "step_12" / "manifest.json").is_file()
+    finally:
+        burner.kill()
+        burner.wait()

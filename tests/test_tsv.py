@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import KAGGLE_SAMPLE, TB_SAMPLE, needs_kaggle
+from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle
+from dlrm.config import InputError
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
 
@@ -105,3 +108,80 @@ def test_check_tsv_tool(tmp_path: Path) -> None:
     assert "missing I1..I13: 0.50 0.50" in ok.stdout and "missing C1..C26: 1.00" in ok.stdout
     fail = subprocess.run([sys.executable, "data/check_tsv.py", bad], cwd=REPO, capture_output=True, text=True)
     assert fail.returncode == 1 and "bad.tsv:2: label '7' is not 0 or 1" in fail.stderr
+
+
+def _check_tsv_main():
+    spec = importlib.util.spec_from_file_location("check_tsv", REPO / "data" / "check_tsv.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+def _rows_text(n: int) -> str:
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(n):
+        ints = ["" if rng.random() < 0.2 else str(int(rng.integers(-2, 900))) for _ in range(13)]
+        cats = ["" if rng.random() < 0.2 else format(int(rng.integers(0, 2**32)), "x") for _ in range(26)]
+        lines.append(_line(str(i % 2), ints, cats))
+    return "\n".join(lines) + "\n"
+
+
+def test_tsv_format_error_is_an_input_error() -> None:
+    """The command line prints an InputError as one `error:` line and exits 2 (dlrm/cli.py)."""
+    assert issubclass(TsvFormatError, InputError)
+
+
+def test_gzip_reads_like_the_plain_file_by_name_or_by_magic_bytes(tmp_path: Path, capsys) -> None:
+    text = _rows_text(7)
+    plain = _write(tmp_path, text, "rows.tsv")
+    (tmp_path / "rows.tsv.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "rows_gzip_no_suffix.tsv").write_bytes(gzip.compress(text.encode()))
+    want = read_tsv(plain)
+    for name in ("rows.tsv.gz", "rows_gzip_no_suffix.tsv"):
+        got = read_tsv(str(tmp_path / name))
+        np.testing.assert_array_equal(got.labels, want.labels)
+        np.testing.assert_array_equal(got.ints, want.ints)
+        np.testing.assert_array_equal(got.cats, want.cats)
+    assert len(read_tsv(str(tmp_path / "rows.tsv.gz"), max_rows=3)) == 3
+    main = _check_tsv_main()
+    assert main([plain]) == 0
+    plain_report = capsys.readouterr().out.split(": ", 1)[1]
+    assert main([str(tmp_path / "rows.tsv.gz")]) == 0
+    assert capsys.readouterr().out.split(": ", 1)[1] == plain_report  # rows, click rate and missing shares
+
+
+def test_truncated_gzip_names_the_file(tmp_path: Path) -> None:
+    data = gzip.compress(_rows_text(200).encode())
+    (tmp_path / "cut.tsv.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(TsvFormatError, match=r"cut\.tsv\.gz: truncated or corrupt gzip stream after line \d+ "):
+        read_tsv(str(tmp_path / "cut.tsv.gz"))
+
+
+def test_bytes_that_are_not_utf8_name_file_and_line(tmp_path: Path) -> None:
+    p = tmp_path / "x.tsv"
+    p.write_bytes(_line().encode() + b"\n" + b"\x8b\xff" + _line().encode() + b"\n")
+    with pytest.raises(TsvFormatError, match=r"x\.tsv:2: not UTF-8 text \(invalid start byte at byte 0\)"):
+        read_tsv(str(p))
+
+
+def test_a_directory_names_the_config_key_and_the_fix(tmp_path: Path, capsys) -> None:
+    d = tmp_path / "criteo"
+    d.mkdir()
+    with pytest.raises(InputError) as e:
+        read_tsv(str(d), config_key="data.val_path")
+    assert str(e.value) == (
+        f"config key `data.val_path`: {str(d)!r} is a directory, not a file; "
+        "pass data.val_path=<a Criteo TSV file in it, plain or gzip>"
+    )
+    (d / "meta.json").write_text("{}")
+    with pytest.raises(InputError) as e:
+        read_tsv(str(d))
+    assert str(e.value) == (
+        f"config key `data.train_path`: {str(d)!r} is a directory, not a file; it holds a preprocessed dataset "
+        f"(meta.json): train on it with data=criteo_binary data.dataset_dir={d}"
+    )
+    assert _check_tsv_main()([str(d)]) == 1
+    assert capsys.readouterr().err == (
+        f"FAIL {str(d)!r} is a directory, not a file; pass a Criteo TSV file in it (plain or gzip)\n"
+    )

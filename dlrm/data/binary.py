@@ -48,6 +48,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrm.config import InputError
 from dlrm.data import multihot as mh_mod
 
 FORMAT = "dlrm-criteo-binary"
@@ -58,7 +59,7 @@ META = "meta.json"
 HEADER_BYTES = 128  # fixed .npy header size, so a streamed file's header can be rewritten in place
 
 
-class BinaryFormatError(ValueError):
+class BinaryFormatError(InputError):
     """A preprocessed dataset is missing, inconsistent or corrupt; the message names the file, row and fix."""
 
 
@@ -155,7 +156,23 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
 
 # -------------------------------------------------------------------------------------------------- meta
 def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]:
+    """The dataset's ``meta.json``.
+
+    Raises:
+        BinaryFormatError: ``root`` is not a directory, has no ``meta.json``, or one that is not JSON or not of this
+            format and version.
+    """
     path = os.path.join(root, META)
+    if os.path.isfile(root):
+        fix = (os.path.dirname(root) or ".") if os.path.basename(root) == META else "<the directory holding meta.json>"
+        raise BinaryFormatError(
+            f"config key `{config_key}`: {root!r} is a file, not a directory; pass {config_key}={fix}"
+        )
+    if not os.path.isdir(root):
+        raise BinaryFormatError(
+            f"config key `{config_key}`: no such directory {root!r} (cwd {os.getcwd()}); pass "
+            f"{config_key}=<the directory data/preprocess_criteo.py wrote, holding meta.json>"
+        )
     if not os.path.isfile(path):
         raise BinaryFormatError(
             f"config key `{config_key}`: {root!r} has no {META}; build the dataset with "
@@ -163,7 +180,14 @@ def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]
             f"--out {root}`"
         )
     with open(path, encoding="utf-8") as f:
-        meta = json.load(f)
+        try:
+            meta = json.load(f)
+        except ValueError as e:
+            raise BinaryFormatError(
+                f"{path}: not valid JSON ({e}); re-run data/preprocess_criteo.py to rewrite it"
+            ) from None
+    if not isinstance(meta, dict):
+        meta = {}
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise BinaryFormatError(
             f"{path}: format {meta.get('format')!r} v{meta.get('version')}, expected {FORMAT!r} "
@@ -563,7 +587,11 @@ class Prefetcher:
             self.close()
 
     def close(self) -> None:
+        """Stop the thread and wait for it (it checks between batches): no thread may still be building a batch
+        with torch while the interpreter shuts down."""
         self.stop.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=30)
 
 
 def _prefetched(gen: Iterator[Any], depth: int) -> Iterator[Any]:
@@ -641,6 +669,9 @@ def load_splits(
     pin_memory: Optional[bool] = None,
 ) -> Tuple[BinarySplit, BinarySplit, BinarySplit]:
     """Train, validation and test splits of the dataset at ``root`` (MLPerf split rule, see module doc).
+
+    ``max_rows`` (``data.max_rows``) caps the training split at its first ``max_rows`` rows, in day order; the
+    validation and test splits are never capped.
 
     Raises:
         BinaryFormatError: no ``meta.json``; the dataset's table sizes differ from ``model`` table rows (the ids

@@ -7,6 +7,10 @@ Transforms (original DLRM convention, facebookresearch/dlrm ``data_utils.py``): 
 or negative become 0, then ``log(x + 1)``; a categorical hex value becomes ``int(hex, 16) % rows`` of its table
 (missing: 0), as torchrec's Criteo preprocessing maps hashes into each table.
 
+Files may be gzip-compressed (recognised by the gzip magic bytes ``1f 8b``, whatever the name: ``train.txt.gz``,
+``day_0.gz``); :func:`open_input` opens both kinds, for this reader, ``data/check_tsv.py`` and
+``data/preprocess_criteo.py``.
+
 Bad input raises :class:`TsvFormatError` naming the file and the 1-based line number.
 
 Check a file by hand::
@@ -16,19 +20,69 @@ Check a file by hand::
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import IO, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from dlrm.config import InputError
 
 NUM_INT = 13
 NUM_CAT = 26
 NUM_FIELDS = 1 + NUM_INT + NUM_CAT
+GZIP_MAGIC = b"\x1f\x8b"
 
 
-class TsvFormatError(ValueError):
+class TsvFormatError(InputError):
     """A Criteo TSV file is malformed; the message names the file, the line and the fix."""
+
+
+def is_gzip(path: str) -> bool:
+    """Whether ``path`` starts with the gzip magic bytes ``1f 8b``."""
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def open_input(path: str) -> Tuple[IO[bytes], IO[bytes], bool]:
+    """Open a plain or gzip-compressed file for reading bytes.
+
+    gzip is recognised by the magic bytes ``1f 8b`` at the start of the file, whatever its name.
+
+    Returns:
+        ``(raw, stream, is_gzip)``: ``raw`` is the file on disk (its ``tell()`` counts the bytes read from disk),
+        ``stream`` yields the decompressed bytes (``raw`` itself for a plain file). Close ``stream``, then ``raw``.
+    """
+    raw = open(path, "rb")
+    gz = raw.read(2) == GZIP_MAGIC
+    raw.seek(0)
+    return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw), gz
+
+
+def check_file(path: str, config_key: Optional[str] = "data.train_path") -> None:
+    """Refuse a ``path`` that is not an existing file, naming ``config_key`` (None: a command-line argument).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        InputError: ``path`` is a directory.
+    """
+    where = f"config key `{config_key}`: " if config_key else ""
+    if os.path.isdir(path):
+        if config_key and os.path.isfile(os.path.join(path, "meta.json")):
+            fix = (
+                "it holds a preprocessed dataset (meta.json): train on it with "
+                f"data=criteo_binary data.dataset_dir={path}"
+            )
+        elif config_key:
+            fix = f"pass {config_key}=<a Criteo TSV file in it, plain or gzip>"
+        else:
+            fix = "pass a Criteo TSV file in it (plain or gzip)"
+        raise InputError(f"{where}{path!r} is a directory, not a file; {fix}")
+    if not os.path.isfile(path):
+        fix = f"pass {config_key}=<path to a Criteo TSV file>" if config_key else "pass a Criteo TSV file"
+        raise FileNotFoundError(f"{where}no such file {path!r} (cwd {os.getcwd()}); {fix}")
 
 
 @dataclass
@@ -49,33 +103,40 @@ class RawRows:
         return int(self.labels.shape[0])
 
 
-def read_tsv(path: str, max_rows: Optional[int] = None, config_key: str = "data.train_path") -> RawRows:
-    """Parse a Criteo TSV file.
+def read_tsv(path: str, max_rows: Optional[int] = None, config_key: Optional[str] = "data.train_path") -> RawRows:
+    """Parse a Criteo TSV file, plain or gzip-compressed (:func:`open_input`).
 
     Args:
         path: the file.
         max_rows: stop after this many rows (None: all).
-        config_key: the config key that named ``path``, quoted when the file is missing.
+        config_key: the config key that named ``path``, quoted when it is not a file (None: a command-line
+            argument).
 
     Raises:
         FileNotFoundError: ``path`` does not exist (the message names ``config_key``).
+        InputError: ``path`` is a directory (the message names ``config_key``).
         TsvFormatError: empty file, wrong field count, non-numeric integer feature, label other than 0/1,
-            categorical value that is not 32-bit hex; the message names ``path`` and the line number.
+            categorical value that is not 32-bit hex, bytes that are not UTF-8 text, a truncated or corrupt gzip
+            stream; the message names ``path`` and the line number.
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"config key `{config_key}`: no such file {path!r} "
-            f"(cwd {os.getcwd()}); pass {config_key}=<path to a Criteo TSV file>"
-        )
+    check_file(path, config_key)
     labels: List[int] = []
     ints = []
     cats = []
     blank_at = 0
-    with open(path, "r", encoding="utf-8", newline="") as f:
-        for lineno, line in enumerate(f, start=1):
+    lineno = 0
+    raw, f, gz = open_input(path)
+    try:
+        for lineno, data in enumerate(f, start=1):
             if max_rows is not None and len(labels) >= max_rows:
                 break
-            line = line.rstrip("\r\n")
+            try:
+                line = data.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise TsvFormatError(
+                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is "
+                    "corrupt or not a Criteo TSV"
+                ) from None
             if not line:
                 blank_at = blank_at or lineno  # blank lines are fine only at the end of the file
                 continue
@@ -88,6 +149,15 @@ def read_tsv(path: str, max_rows: Optional[int] = None, config_key: str = "data.
             labels.append(label)
             ints.append([x if x > 0 else 0 for x in row_i])
             cats.append(row_c)
+    except (EOFError, OSError, zlib.error) as e:
+        if not gz:
+            raise
+        raise TsvFormatError(
+            f"{path}: truncated or corrupt gzip stream after line {lineno} ({e}); download the file again"
+        ) from None
+    finally:
+        f.close()
+        raw.close()
     if not labels:
         raise TsvFormatError(f"{path}: empty file, no rows; expected lines of {NUM_FIELDS} tab-separated fields")
     ints_arr = np.log1p(np.asarray(ints, dtype=np.float64)).astype(np.float32)

@@ -23,7 +23,6 @@ Each finished day leaves a ``day_{d}.*.json`` marker holding its inputs (path, s
 
 from __future__ import annotations
 
-import gzip
 import json
 import multiprocessing as mp
 import os
@@ -36,7 +35,7 @@ import numpy as np
 
 from dlrm.data import binary as B
 from dlrm.data import multihot as mh_mod
-from dlrm.data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, TsvFormatError, parse_line
+from dlrm.data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, TsvFormatError, is_gzip, open_input, parse_line
 
 KAGGLE_DAYS = 7  # original DLRM: Kaggle train.txt is cut into 7 equal "days"; the last one evaluates
 TRANSFORMS = ("mlperf", "log1p")
@@ -156,13 +155,6 @@ def parse_block_slow(
     )
 
 
-def _open(path: str) -> Tuple[Any, Any, bool]:
-    raw = open(path, "rb")
-    gz = raw.read(2) == b"\x1f\x8b"
-    raw.seek(0)
-    return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw), gz
-
-
 def iter_blocks(
     path: str, start_byte: int = 0, start_line: int = 1, max_lines: Optional[int] = None, block_bytes: int = 8 << 20
 ) -> Iterator[Tuple[int, bytes, int]]:
@@ -174,7 +166,7 @@ def iter_blocks(
     Raises:
         PreprocessError: a gzip stream that ends early or is corrupt (names the file and the last whole line).
     """
-    raw, f, gz = _open(path)
+    raw, f, gz = open_input(path)
     try:
         skip = 0
         if start_byte and not gz:
@@ -525,7 +517,7 @@ def preprocess(
         st = os.stat(path)
         n = count_lines(path, block_bytes)
         bounds = [n * k // KAGGLE_DAYS for k in range(KAGGLE_DAYS + 1)]
-        gz = _open(path)[2]
+        gz = is_gzip(path)
         offs = [0] * KAGGLE_DAYS if gz else line_offsets(path, [b + 1 for b in bounds[:-1]], block_bytes)
         days = list(range(KAGGLE_DAYS))
         for k in days:
