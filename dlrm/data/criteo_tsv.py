@@ -103,6 +103,20 @@ class RawRows:
         return int(self.labels.shape[0])
 
 
+def decode_line(data: bytes, path: str, lineno: int) -> str:
+    """One raw TSV line as text, without its line end.
+
+    Raises:
+        TsvFormatError: the bytes are not UTF-8, naming ``path:lineno``.
+    """
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise TsvFormatError(
+            f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is corrupt or not a Criteo TSV"
+        ) from None
+
+
 def read_tsv(path: str, max_rows: Optional[int] = None, config_key: Optional[str] = "data.train_path") -> RawRows:
     """Parse a Criteo TSV file, plain or gzip-compressed (:func:`open_input`).
 
@@ -130,13 +144,7 @@ def read_tsv(path: str, max_rows: Optional[int] = None, config_key: Optional[str
         for lineno, data in enumerate(f, start=1):
             if max_rows is not None and len(labels) >= max_rows:
                 break
-            try:
-                line = data.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise TsvFormatError(
-                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is "
-                    "corrupt or not a Criteo TSV"
-                ) from None
+            line = decode_line(data, path, lineno)
             if not line:
                 blank_at = blank_at or lineno  # blank lines are fine only at the end of the file
                 continue

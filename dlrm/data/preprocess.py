@@ -35,7 +35,16 @@ import numpy as np
 
 from dlrm.data import binary as B
 from dlrm.data import multihot as mh_mod
-from dlrm.data.criteo_tsv import NUM_CAT, NUM_FIELDS, NUM_INT, TsvFormatError, is_gzip, open_input, parse_line
+from dlrm.data.criteo_tsv import (
+    NUM_CAT,
+    NUM_FIELDS,
+    NUM_INT,
+    TsvFormatError,
+    decode_line,
+    is_gzip,
+    open_input,
+    parse_line,
+)
 
 KAGGLE_DAYS = 7  # original DLRM: Kaggle train.txt is cut into 7 equal "days"; the last one evaluates
 TRANSFORMS = ("mlperf", "log1p")
@@ -123,13 +132,7 @@ def parse_block_slow(
     labels, ints, cats = [], [], []
     for i, raw in enumerate(buf.split(b"\n")[:-1]):
         lineno = first_line + i
-        try:
-            line = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise TsvFormatError(
-                f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is "
-                "corrupt or not a Criteo TSV"
-            ) from None
+        line = decode_line(raw, path, lineno)
         if not line:
             state["blank_at"] = state.get("blank_at") or lineno
             continue
