@@ -233,6 +233,9 @@ class DataConfig:
     """``criteo_binary``: batches a background thread keeps ready (0: none)."""
     pin_memory: Optional[bool] = None
     """``criteo_binary``: assemble batches in pinned host memory (null: when CUDA is available)."""
+    assemble_on_device: Optional[bool] = None
+    """``synthetic`` and ``criteo_tsv``: keep the rows (and the multi-hot expansion tables) on the training device
+    and build each batch's KJT there, off the host (null: on CUDA). Costs that much device memory."""
 
     def __post_init__(self) -> None:
         _check(
@@ -320,6 +323,12 @@ class DataConfig:
             f"got {self.multi_hot_source!r}; use auto, materialized or on_the_fly",
         )
         _check(self.prefetch >= 0, "data.prefetch", "must be >= 0 (0: no background thread)")
+        _check(
+            not (self.assemble_on_device and self.name == "criteo_binary"),
+            "data.assemble_on_device",
+            "data=criteo_binary builds its batches in loader threads, in pinned host memory (data.pin_memory); drop "
+            "data.assemble_on_device",
+        )
         if self.name == "criteo_binary":
             _check(
                 bool(self.dataset_dir),

@@ -212,6 +212,24 @@ class Trainer:
         t0 = time.perf_counter()
         self.train_split, self.val_split, self.test_split = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
         self.multi_hot = data_mod.make_multi_hot(cfg.data, cfg.model)
+        where = data_mod.assemble_on(cfg.data, info.device)
+        if where.type != "cpu":  # the host then only slices indices; the KJT is built on the device
+            self.train_split, self.val_split = self.train_split.to(where), self.val_split.to(where)
+            self.test_split = self.test_split.to(where) if self.test_split is not None else None
+            if self.multi_hot is not None:
+                self.multi_hot = self.multi_hot.to(where)
+            torch.cuda.synchronize(where)  # the pipeline reads them on its own streams
+            log.info(
+                "batches are assembled on %s from the splits and expansion tables kept there (%.2f GB)",
+                where,
+                sum(
+                    s.dense.nbytes + s.ids.nbytes + s.labels.nbytes
+                    for s in (self.train_split, self.val_split, self.test_split)
+                    if s is not None
+                )
+                / 1e9
+                + (self.multi_hot.nbytes() / 1e9 if self.multi_hot is not None else 0.0),
+            )
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
         if self.steps_per_epoch == 0:
             raise ConfigError(
@@ -300,6 +318,39 @@ class Trainer:
         )
         if self.ckpt.resume(self.state, resume_from):
             self.metrics.advance(self.step)
+        if cfg.perf.compile:
+            self._compile_eval_step()
+
+    @torch.no_grad()
+    def _compile_eval_step(self) -> None:
+        """Run one evaluation batch before training, so that the compiled dense step's evaluation graph (another
+        batch size, no autograd) is built here, logged, and not inside the first validation's timing."""
+        info = self.info
+        assert info is not None
+        t0 = time.perf_counter()
+        batch, _ = next(
+            iter(
+                data_mod.eval_batches(
+                    self.val_split,
+                    batch_size=self.eval_batch_size,
+                    rank=info.rank,
+                    world_size=info.world_size,
+                    feature_names=FEATURE_NAMES,
+                    multi_hot=self.multi_hot,
+                )
+            )
+        )
+        model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
+        model.eval()
+        model(batch.to(info.device))
+        model.train()
+        if info.device.type == "cuda":
+            torch.cuda.synchronize(info.device)
+        log.info(
+            "evaluation step compiled for batch %d before training (%.1fs)",
+            self.eval_batch_size,
+            time.perf_counter() - t0,
+        )
 
     def _agree_run_dir(self, run_dir: str) -> str:
         """Use rank 0's run directory everywhere; remove the empty one another rank's Hydra made (its
@@ -517,6 +568,7 @@ class Trainer:
         rec: Dict[str, Any] = {"step": self.step, "samples": self.samples_seen}
         rec.update({f"{kind}_{k}": v for k, v in res.items()})
         rec["eval_s"] = time.perf_counter() - t0
+        rec["eval_samples_per_s"] = res["samples"] / max(rec["eval_s"], 1e-9)
         self.metrics.log(
             rec,
             (

@@ -14,10 +14,11 @@ world size when ``data.global_batch_size`` is fixed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -71,6 +72,16 @@ class Split:
             self.first_line + start,
         )
 
+    def to(self, device: torch.device) -> "Split":
+        """The same rows with their tensors on ``device`` (batches are then assembled there)."""
+        return Split(
+            self.dense.to(device), self.ids.to(device), self.labels.to(device), self.name, self.source, self.first_line
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
     def describe_rows(self, start: int, stop: int) -> str:
         """Where rows ``[start, stop)`` are, e.g. ``train.tsv lines 101-164``."""
         if self.source == "synthetic":
@@ -110,19 +121,46 @@ class MultiHot:
         table = self.tables[t]
         return ids if table is None else table[ids].reshape(-1).long()
 
+    def to(self, device: torch.device) -> "MultiHot":
+        """The same expansion with its tables on ``device`` (int32, as built)."""
+        out = object.__new__(MultiHot)
+        out.sizes = list(self.sizes)
+        out.tables = [None if tab is None else tab.to(device) for tab in self.tables]
+        return out
+
+    def nbytes(self) -> int:
+        return sum(tab.numel() * tab.element_size() for tab in self.tables if tab is not None)
+
+
+_LENGTHS: Dict[Tuple[Tuple[int, ...], int, str], torch.Tensor] = {}
+
+
+def _lengths(sizes: Tuple[int, ...], b: int, device: torch.device) -> torch.Tensor:
+    """int32 ``[F * B]`` lengths of fixed-size bags (feature-major), built once per sizes, batch size and device
+    (a KJT only reads them)."""
+    key = (sizes, b, str(device))
+    if key not in _LENGTHS:
+        _LENGTHS[key] = torch.tensor(sizes, dtype=torch.int32).repeat_interleave(b).to(device)
+    return _LENGTHS[key]
+
 
 def to_batch(split: Split, idx: torch.Tensor, feature_names: Sequence[str], multi_hot: Optional[MultiHot]) -> Batch:
-    """Build one ``Batch`` (dense ``[B, 13]`` float32, KJT over 26 keys, labels ``[B]`` float32) from rows."""
+    """Build one ``Batch`` (dense ``[B, 13]`` float32, KJT over 26 keys, labels ``[B]`` float32) from rows
+    ``idx`` of ``split``, on the split's device. Every bag of a feature has the same size (1, or its multi-hot
+    size), so the KJT's per-key lengths are known on the host: it is built without a device sync."""
+    idx = idx.to(split.device)
     ids = split.ids[idx]
     b = int(idx.shape[0])
-    values, lengths = [], []
-    for t in range(ids.shape[1]):
-        col = ids[:, t]
-        m = multi_hot.sizes[t] if multi_hot is not None else 1
-        values.append(multi_hot.bags(t, col) if multi_hot is not None else col)
-        lengths.append(torch.full((b,), m, dtype=torch.int32))
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(feature_names), values=torch.cat(values), lengths=torch.cat(lengths)
+    sizes = tuple(multi_hot.sizes[t] if multi_hot is not None else 1 for t in range(ids.shape[1]))
+    values = [multi_hot.bags(t, ids[:, t]) if multi_hot is not None else ids[:, t] for t in range(ids.shape[1])]
+    per_key = [b * m for m in sizes]
+    kjt = KeyedJaggedTensor(
+        keys=list(feature_names),
+        values=torch.cat(values),
+        lengths=_lengths(sizes, b, split.device),
+        stride=b,
+        length_per_key=per_key,
+        offset_per_key=[0, *itertools.accumulate(per_key)],
     )
     return Batch(dense_features=split.dense[idx], sparse_features=kjt, labels=split.labels[idx])
 
@@ -189,14 +227,14 @@ def train_batches(
         order = None
         if shuffle:
             g = torch.Generator().manual_seed(seed * 1000003 + epoch)
-            order = torch.randperm(len(split), generator=g)
+            order = torch.randperm(len(split), generator=g).to(split.device)
         for start, size in plan:
             if step < start_step:
                 step += 1
                 continue
             if max_steps is not None and step >= max_steps:
                 return
-            idx = torch.arange(start + rank * size, start + (rank + 1) * size)
+            idx = torch.arange(start + rank * size, start + (rank + 1) * size, device=split.device)
             if order is not None:
                 idx = order[idx]
             yield to_batch(split, idx, feature_names, multi_hot)
@@ -257,8 +295,8 @@ def eval_batches(
     for i in range(n_batches):
         start = lo + i * batch_size
         real = max(0, min(batch_size, hi - start))
-        idx = torch.zeros(batch_size, dtype=torch.int64)
-        idx[:real] = torch.arange(start, start + real)
+        idx = torch.zeros(batch_size, dtype=torch.int64, device=split.device)
+        idx[:real] = torch.arange(start, start + real, device=split.device)
         weight = torch.zeros(batch_size)
         weight[:real] = 1.0
         yield to_batch(split, idx, feature_names, multi_hot), weight
@@ -421,6 +459,15 @@ def _binary_materialized(data: DataConfig, model: ModelConfig) -> bool:
         and mat.get("seed") == data.multi_hot_seed
     )
     return have or data.multi_hot_source == "materialized"
+
+
+def assemble_on(data: DataConfig, device: torch.device) -> torch.device:
+    """Where batches of the in-memory sources are built (``data.assemble_on_device``; null: on CUDA). The binary
+    format builds its own, on the host."""
+    if data.name == "criteo_binary":
+        return torch.device("cpu")
+    on = data.assemble_on_device if data.assemble_on_device is not None else device.type == "cuda"
+    return device if on else torch.device("cpu")
 
 
 def make_multi_hot(data: DataConfig, model: ModelConfig) -> Optional[object]:

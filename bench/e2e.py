@@ -1,0 +1,196 @@
+"""``train.py`` itself against the step benchmark, per data source, in one call. Run from the repository root::
+
+    # 1x H200: MLPerf DLRM-v2 capped at 4 M rows, perf=fast, batch 32768, a generated 10 M-row binary dataset
+    python -m bench.e2e --rows 10000000 --dir /tmp/dlrm_e2e
+    # CPU smoke test (tiny model and data; numbers meaningless)
+    .venv/bin/python -m bench.e2e --smoke --dir /tmp/dlrm_e2e_smoke
+
+What runs: the dataset is generated once under ``--dir`` (``bench.loader.generate``: two training days, an
+evaluation day, the materialized MLPerf multi-hot and its expansion tables) and reused. Then, each in its own
+process: ``bench.throughput --variants <variant>`` (the step on random batches already on the device), and
+``train.py`` on every ``--sources``: ``synthetic`` (``data.num_train_samples=--rows``), ``binary_materialized``,
+``binary_on_the_fly`` (``data=criteo_binary`` with ``data.multi_hot_source``) and ``tsv`` (the first
+``--tsv-rows`` rows written as a Criteo TSV; ``data=criteo_tsv``). A trainer's figure is the median samples/s
+of its logged windows after the first (the first holds the compile); no validation runs during the timed steps.
+
+Output: a table of samples/s per source beside the step benchmark's and their ratio, and ``e2e.json`` /
+``e2e.md`` under ``--out`` (default ``--dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Any, Dict, List
+
+import numpy as np
+
+from bench.loader import generate
+
+GPU_MODEL = [
+    "model=dlrm_v2",
+    "model.row_cap=4000000",
+    "optimizer.sparse_type=rowwise_adagrad",
+    "optimizer.lr=0.004",
+    "sharding=table_wise",
+]
+SMOKE_MODEL = ["model=dlrm_v2_small", "model.row_cap=1000", "device=cpu"]
+SOURCES = ("synthetic", "binary_materialized", "binary_on_the_fly", "tsv")
+
+
+def write_tsv(root: str, path: str, rows: int) -> None:
+    """The first ``rows`` training rows of the generated dataset as a Criteo TSV (counts as integers, ids as
+    hex: ``int(hex, 16) % rows`` gives the id back)."""
+    if os.path.isfile(path):
+        return
+    dense = np.load(os.path.join(root, "day_0_dense.npy"), mmap_mode="r")[:rows]
+    ids = np.load(os.path.join(root, "day_0_sparse.npy"), mmap_mode="r")[:rows]
+    labels = np.load(os.path.join(root, "day_0_labels.npy"), mmap_mode="r")[:rows, 0]
+    counts = np.expm1(np.asarray(dense)).round().astype(np.int64)
+    with open(path + ".partial", "w", encoding="utf-8") as f:
+        for i in range(len(labels)):
+            f.write(
+                "\t".join([str(int(labels[i])), *map(str, counts[i]), *(format(int(x), "x") for x in ids[i])]) + "\n"
+            )
+    os.replace(path + ".partial", path)
+
+
+def _source_overrides(source: str, args: argparse.Namespace) -> List[str]:
+    if source == "synthetic":
+        return [
+            "data=synthetic",
+            f"data.num_train_samples={args.rows}",
+            "data.num_val_samples=65536",
+            "data.num_test_samples=0",
+        ]
+    if source == "tsv":
+        return ["data=criteo_tsv", f"data.train_path={args.tsv}"]
+    mode = source.split("_", 1)[1]
+    return ["data=criteo_binary", f"data.dataset_dir={args.dir}", f"data.multi_hot_source={mode}"]
+
+
+def run_trainer(source: str, args: argparse.Namespace) -> Dict[str, Any]:
+    run_dir = os.path.join(args.out, f"train_{source}")
+    cmd = [
+        sys.executable,
+        "train.py",
+        f"hydra.run.dir={run_dir}",
+        *args.model,
+        f"perf={args.perf}",
+        f"data.batch_size={args.batch}",
+        f"trainer.max_steps={args.steps}",
+        "trainer.epochs=1000",
+        "eval.every_n_steps=null",
+        "eval.at_end=false",
+        f"logger.log_every_n_steps={args.log_every}",
+        "logger.train_auc=false",
+        "checkpoint.resume=none",
+        *_source_overrides(source, args),
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        return {"source": source, "error": (p.stdout + p.stderr)[-2000:]}
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        recs = [json.loads(line) for line in f if '"samples_per_s"' in line]
+    steady = [r["samples_per_s"] for r in recs[1:]] or [r["samples_per_s"] for r in recs]
+    return {
+        "source": source,
+        "samples_per_s": statistics.median(steady),
+        "step_ms": statistics.median(r["step_ms"] for r in (recs[1:] or recs)),
+        "windows": len(steady),
+    }
+
+
+def run_step_bench(args: argparse.Namespace) -> Dict[str, Any]:
+    out = os.path.join(args.out, "step")
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.throughput",
+        "--out",
+        out,
+        "--variants",
+        args.variant,
+        "--batch-sizes",
+        str(args.batch),
+        "--sharding",
+        "table_wise",
+    ] + (["--smoke"] if args.smoke else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        return {"error": (p.stdout + p.stderr)[-2000:]}
+    with open(os.path.join(out, "throughput.json"), encoding="utf-8") as f:
+        row = next(r for r in json.load(f)["results"] if r["config"] == args.variant)
+    return {"samples_per_s": row["samples_per_s"], "step_ms": row["ms_median"]}
+
+
+def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=10_000_000, help="training rows of the generated dataset")
+    ap.add_argument("--tsv-rows", type=int, default=262_144, help="rows of the TSV source (parsed at start-up)")
+    ap.add_argument("--dir", default="/tmp/dlrm_e2e")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--batch", type=int, default=32768)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--perf", default="fast")
+    ap.add_argument("--variant", default="fast", help="the step benchmark's variant to compare with")
+    ap.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (tests); numbers are meaningless")
+    args = ap.parse_args(argv)
+    args.model = GPU_MODEL
+    if args.smoke:
+        args.rows, args.tsv_rows, args.batch, args.steps, args.log_every = 4096, 2048, 32, 12, 4  # --smoke batch
+        args.perf, args.variant, args.model = "fp32", "fp32", SMOKE_MODEL
+    args.out = args.out or args.dir
+    os.makedirs(args.out, exist_ok=True)
+    generate(args.dir, args.rows, 1000 if args.smoke else 4_000_000)
+    args.tsv = os.path.join(args.dir, f"train_{args.tsv_rows}.tsv")
+    if "tsv" in args.sources:
+        write_tsv(args.dir, args.tsv, args.tsv_rows)
+    step = run_step_bench(args)
+    rows = []
+    for source in args.sources:
+        r = run_trainer(source, args)
+        if "samples_per_s" in r and "samples_per_s" in step:
+            r["of_step_bench"] = r["samples_per_s"] / step["samples_per_s"]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    lines = [
+        f"# bench.e2e: {datetime.datetime.now().isoformat(timespec='seconds')}, batch {args.batch}, "
+        f"perf={args.perf}, {args.steps} steps",
+        "",
+        f"step benchmark ({args.variant}): {step.get('samples_per_s', float('nan')):,.0f} samples/s, "
+        f"{step.get('step_ms', float('nan')):.2f} ms/step",
+        "",
+        "| source | train.py samples/s | ms/step | of the step benchmark |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['source']} | failed | | |")
+        else:
+            ratio = f"{100 * r['of_step_bench']:.0f}%" if "of_step_bench" in r else ""
+            lines.append(f"| {r['source']} | {r['samples_per_s']:,.0f} | {r['step_ms']:.2f} | {ratio} |")
+    md = "\n".join(lines) + "\n"
+    print(md)
+    with open(os.path.join(args.out, "e2e.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {"args": {k: v for k, v in vars(args).items()}, "step_bench": step, "results": rows},
+            f,
+            indent=1,
+            default=str,
+        )
+    with open(os.path.join(args.out, "e2e.md"), "w", encoding="utf-8") as f:
+        f.write(md)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
