@@ -156,6 +156,8 @@ class Trainer:
         self.info: Optional[DistInfo] = None
         self.metrics: Optional[MetricsLogger] = None
         self.state = TrainState()  # step, samples seen, metric window: what a checkpoint restores
+        self._it: Optional["_TimedIterator"] = None
+        self._input_warned = False
         self.history: list = []
 
     @property
@@ -370,18 +372,20 @@ class Trainer:
     def _train_iter(self) -> Iterator[Any]:
         cfg, info = self.cfg, self.info
         assert info is not None
-        return data_mod.train_batches(
-            self.train_split,
-            global_batch=self.global_batch,
-            rank=info.rank,
-            world_size=info.world_size,
-            epochs=cfg.trainer.epochs,
-            max_steps=self.total_steps,
-            feature_names=FEATURE_NAMES,
-            multi_hot=self.multi_hot,
-            shuffle=cfg.data.shuffle,
-            seed=cfg.seed,
-            start_step=self.step,
+        return _TimedIterator(
+            data_mod.train_batches(
+                self.train_split,
+                global_batch=self.global_batch,
+                rank=info.rank,
+                world_size=info.world_size,
+                epochs=cfg.trainer.epochs,
+                max_steps=self.total_steps,
+                feature_names=FEATURE_NAMES,
+                multi_hot=self.multi_hot,
+                shuffle=cfg.data.shuffle,
+                seed=cfg.seed,
+                start_step=self.step,
+            )
         )
 
     def _position(self, step: int) -> str:
@@ -517,12 +521,26 @@ class Trainer:
             "samples_per_s": stats["samples"] / elapsed,
             "samples_per_s_per_rank": stats["samples"] / elapsed / info.world_size,
             "step_ms": 1000.0 * elapsed / stats["steps"],
+            "input_ms": 1000.0 * self._it.take_seconds() / stats["steps"] if self._it is not None else 0.0,
             "peak_mem_gb": _peak_memory_gb(info.device),
             "samples": self.samples_seen,
             "time_s": time.perf_counter() - t_start,
         }
         if self.skip_nonfinite:
             rec["skipped_batches"] = stats["skipped_global"]
+        if (
+            rec["input_ms"] > 0.5 * rec["step_ms"]
+            and not self._input_warned
+            and self.step > self.cfg.logger.log_every_n_steps
+        ):
+            self._input_warned = True  # the first window holds the compile and the loader's start
+            log.warning(
+                "the input side took %.1f of each %.1f ms step on rank %d (host time waiting for batches): the "
+                "loader bounds the step; see data.prefetch, data.assemble_on_device, or materialized multi-hot",
+                rec["input_ms"],
+                rec["step_ms"],
+                info.rank,
+            )
         auc = f"{rec['train_auc']:.4f}" if math.isfinite(rec["train_auc"]) else "n/a"
         self.metrics.log(
             rec,
@@ -589,9 +607,8 @@ class Trainer:
         checkpoint write, the metric sinks (the process groups go last, in ``dlrm.dist.shutdown``)."""
         if getattr(self, "profiler", None) is not None:
             self.profiler.close()  # an exception mid-run: stop profiling, drop the hooks
-        it = getattr(self, "_it", None)
-        if it is not None and hasattr(it, "close"):
-            it.close()  # a generator: its finally stops and joins the prefetch thread (dlrm.data.binary.Prefetcher)
+        if getattr(self, "_it", None) is not None:
+            self._it.close()  # stops and joins the loader's prefetch thread
             self._it = None
         if getattr(self, "ckpt", None) is not None:
             self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
@@ -606,3 +623,31 @@ def _peak_memory_gb(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+
+
+class _TimedIterator:
+    """The training batches, with the host time spent waiting for each (building it, or for the loader's thread
+    to hand it over): the input side's share of a step, logged as ``input_ms``."""
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self.it, self.seconds = it, 0.0
+
+    def __iter__(self) -> "_TimedIterator":
+        return self
+
+    def __next__(self) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return next(self.it)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def take_seconds(self) -> float:
+        """Seconds spent since the last call."""
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+    def close(self) -> None:
+        close = getattr(self.it, "close", None)
+        if close is not None:
+            close()  # a generator: its finally stops and joins the prefetch thread (dlrm.data.binary.Prefetcher)

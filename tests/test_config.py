@@ -23,7 +23,7 @@ def test_every_shipped_config_composes(group: str, option: str) -> None:
         overrides.append("data.train_path=x.tsv")  # required key; the file is only opened at run time
     if (group, option) == ("offload", "uvm_caching"):
         overrides.append("pipeline=prefetch")  # uvm_caching trains with the prefetch pipeline
-    if (group, option) == ("data", "criteo_binary"):
+    if (group, option) in {("data", "criteo_binary"), ("experiment", "mlperf_dlrmv2")}:
         overrides.append("data.dataset_dir=x")  # required key; the directory is only opened at run time
     cfg = to_config(compose(overrides))
     if group == "model":
@@ -204,3 +204,25 @@ def test_validation_or_test_file_equal_to_the_training_file_is_refused(tmp_path:
         "training rows inflates AUC; pass a separate test file, or drop data.test_path"
     )
     assert to_config(compose([*tsv, f"data.val_path={tmp_path / 'val.tsv'}"])).data.val_path
+
+
+def test_mlperf_experiment_is_the_closed_recipe() -> None:
+    """MLPerf Training rules for dlrm_dcnv2: global batch 65536 with lr 0.004, Adagrad eps 1e-8 on both sides,
+    element-wise on the tables, no schedule, 20 evaluations per epoch, target AUC 0.80275, the binary dataset."""
+    c = to_config(compose(["experiment=mlperf_dlrmv2", "data.dataset_dir=/data/criteo_bin"]))
+    assert (c.model.name, c.data.name, c.data.global_batch_size, c.data.multi_hot) == (
+        "dlrm_v2",
+        "criteo_binary",
+        65536,
+        True,
+    )
+    o = c.optimizer
+    assert (o.lr, o.embedding_lr, o.eps, o.sparse_type, o.warmup_steps, o.decay_steps) == (
+        0.004,
+        0.004,
+        1e-8,
+        "adagrad",
+        0,
+        0,
+    )
+    assert (c.eval.per_epoch, c.eval.every_n_steps, c.eval.target_auc) == (20, None, 0.80275)
