@@ -31,15 +31,10 @@ from typing import Any, Dict, List
 import numpy as np
 
 from bench.loader import generate
+from bench.throughput import BASE, SMOKE_BASE
 
-GPU_MODEL = [
-    "model=dlrm_v2",
-    "model.row_cap=4000000",
-    "optimizer.sparse_type=rowwise_adagrad",
-    "optimizer.lr=0.004",
-    "sharding=table_wise",
-]
-SMOKE_MODEL = ["model=dlrm_v2_small", "model.row_cap=1000", "device=cpu"]
+GPU_MODEL = [*BASE, "sharding=table_wise"]  # the step benchmark's model, as it runs with --sharding table_wise
+SMOKE_MODEL = [*SMOKE_BASE, "device=cpu"]
 SOURCES = ("synthetic", "binary_materialized", "binary_on_the_fly", "tsv")
 
 
@@ -150,8 +145,9 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
         args.perf, args.variant, args.model = "fp32", "fp32", SMOKE_MODEL
     args.out = args.out or args.dir
     os.makedirs(args.out, exist_ok=True)
-    generate(args.dir, args.rows, 1000 if args.smoke else 4_000_000)
-    args.tsv = os.path.join(args.dir, f"train_{args.tsv_rows}.tsv")
+    row_cap = 1000 if args.smoke else 4_000_000
+    generate(args.dir, args.rows, row_cap)
+    args.tsv = os.path.join(args.dir, f"train_{args.tsv_rows}_of_{args.rows}_cap{row_cap}.tsv")
     if "tsv" in args.sources:
         write_tsv(args.dir, args.tsv, args.tsv_rows)
     step = run_step_bench(args)

@@ -25,7 +25,7 @@ import numpy as np
 from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
 from dlrm.data import binary as B
 from dlrm.data import preprocess as P
-from dlrm.data.__init__ import train_plan
+from dlrm.data import train_plan
 from dlrm.model import FEATURE_NAMES
 
 

@@ -15,11 +15,17 @@ Layout of one checkpoint ``<dir>/step_<N>/``:
   ``data_parallel`` tables are written once), the MLPs, the fused TBE optimizer state (Adagrad ``momentum1``)
   and the dense Adagrad state (``sum``, ``step``). DCP reshards on load, so a checkpoint written by one world
   size and plan loads into another.
-- ``meta.json`` (rank 0): step, samples seen, world size, global batch, LR scheduler state, the plan, the
-  resolved config.
+- ``meta.json`` (rank 0): step, samples seen, world size, global batch, LR scheduler state, the plan, what the
+  plan was made from (:func:`planning_inputs`), the resolved config.
+- ``plan.json`` (rank 0): the sharding plan (:func:`dlrm.sharding.save_plan`); a resume with the same world
+  layout and planning inputs loads into it instead of planning anew.
 - ``rank_<r>.pt`` (each rank): RNG states (torch, numpy, python, CUDA) and the unlogged training-metric window
   (:class:`dlrm.metrics.MetricWindow`).
   They are per rank and small, and DCP requires every rank to load the same keys, so they live beside it.
+- ``manifest.json`` (rank 0, written last): every other file's size and CRC-32 per 64 MiB block. Before a
+  resume or an export the ranks check it together (``checkpoint.verify``: ``full`` reads every byte once over
+  the job, ``size`` only sizes, :func:`verify_checkpoint`); ``resume=auto`` falls back to the previous
+  checkpoint when the newest is damaged, a given ``resume=<path>`` fails with one line naming the file.
 
 Atomicity: a save writes into ``step_<N>.tmp/``; rank 0 renames it to ``step_<N>/`` once DCP's save has finished
 on every rank (DCP's final gather of all ranks' write results precedes rank 0's ``.metadata`` write, so rank 0's
@@ -52,6 +58,7 @@ scheduler), not the trainer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -243,6 +250,13 @@ def verify_checkpoint(path: str, rank: int = 0, world: int = 1, full: bool = Tru
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{MANIFEST} is unreadable ({type(e).__name__})"
+    try:  # a damaged manifest or a file that vanishes mid-check is a verdict, so every rank reaches the gather
+        return _verify_files(path, files, rank, world, full)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{MANIFEST} does not describe the files ({type(e).__name__}: {e})"
+
+
+def _verify_files(path: str, files: Dict[str, Any], rank: int, world: int, full: bool) -> Optional[str]:
     for name, entry in sorted(files.items()):
         fpath = os.path.join(path, name)
         if not os.path.isfile(fpath):
@@ -549,9 +563,28 @@ def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optio
     return None
 
 
-def saved_plan(path: str, info: DistInfo) -> Optional[str]:
+def planning_inputs(cfg: Config, global_batch: int) -> Dict[str, Any]:
+    """What the plan is a function of, besides the world layout: the model, ``sharding.*`` (but a given
+    ``plan_path``), ``offload.*``, the table dtype, the embedding optimizer, the global batch and the bag sizes;
+    JSON-normalised, as ``meta.json`` stores it."""
+    sharding = dataclasses.asdict(cfg.sharding)
+    sharding.pop("plan_path")
+    doc = {
+        "model": dataclasses.asdict(cfg.model),
+        "sharding": sharding,
+        "offload": dataclasses.asdict(cfg.offload),
+        "embedding_dtype": cfg.perf.embedding_dtype,
+        "sparse_type": cfg.optimizer.sparse_type,
+        "global_batch": global_batch,
+        "multi_hot": cfg.data.multi_hot,
+    }
+    return json.loads(json.dumps(doc, default=str))
+
+
+def saved_plan(path: str, info: DistInfo, inputs: Dict[str, Any]) -> Optional[str]:
     """The ``plan.json`` saved with checkpoint ``path`` when this job has the layout it was planned for (world
-    size, ranks per host, device type), else None (logged: the job plans anew)."""
+    size, ranks per host, device type) and the same :func:`planning_inputs`, else None (logged: the job plans
+    anew)."""
     plan = os.path.join(path, PLAN)
     if not os.path.isfile(plan):
         return None
@@ -567,6 +600,9 @@ def saved_plan(path: str, info: DistInfo) -> Optional[str]:
             *had,
             *now,
         )
+        return None
+    if read_meta(path).get("planning") != inputs:
+        log.info("checkpoint %s was planned for another model, sharding, offload or batch config: planning anew", path)
         return None
     log.info("resuming into the plan saved with %s (fingerprint %s)", path, doc.get("fingerprint", "?"))
     return plan
@@ -757,6 +793,7 @@ class Checkpointer:
                 "time": time.time(),
                 "plan": [list(r) for r in plan_rows(self.run.plan.plan)],
                 "plan_fingerprint": plan_fingerprint(self.run.plan),
+                "planning": planning_inputs(self.run.config, self.run.global_batch),
                 "config": OmegaConf.to_container(OmegaConf.structured(self.run.config)),
                 "versions": {"torch": torch.__version__},
             }

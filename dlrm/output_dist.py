@@ -59,6 +59,7 @@ from dlrm import torchrec_compat as compat
 Splits = Tuple[List[int], List[int]]  # (batch size per rank, embedding dim sum per rank)
 RANK_BLOCKS_ATTR = "_dlrm_rank_blocks"  # on the pooled embeddings handed over in rank-block layout
 A2A_LISTENER_ATTR = "_dlrm_a2a_listener"  # told of each all-to-all whose backward is due, and of its issue
+FIELDS_ATTR = "_dlrm_a2a_fields"  # the PooledAllToAllFields a switched all-to-all sends with
 
 
 _ACCEPTING = threading.local()  # .on: the current forward reads RankBlocks (accepting_rank_blocks)
@@ -217,7 +218,7 @@ def _lean_forward(
 ) -> PooledEmbeddingsAwaitable:
     """``PooledEmbeddingsAllToAll.forward`` through :class:`_LeanPooledReq` / :class:`_LeanPooledWait`; the cases
     those do not cover (quantized communication, sync collectives, one rank) take TorchRec's forward."""
-    fields = compat.PooledAllToAllFields(self)
+    fields: compat.PooledAllToAllFields = getattr(self, FIELDS_ATTR)
     pg = fields.pg
     if fields.codecs is not None or pg.size() <= 1 or comm_ops.get_use_sync_collectives():
         return type(self).forward(self, local_embs, batch_size_per_rank)
@@ -245,7 +246,9 @@ def _switch(module: torch.nn.Module, rank_blocks: bool = False, a2a_listener: An
     n = 0
     for m in module.modules():
         if type(m) is PooledEmbeddingsAllToAll and "forward" not in vars(m):
-            if compat.PooledAllToAllFields(m).pg.size() > 1:
+            fields = compat.PooledAllToAllFields(m)  # read once: TorchRec sets them when it builds the module
+            if fields.pg.size() > 1:
+                setattr(m, FIELDS_ATTR, fields)
                 m.forward = types.MethodType(_lean_forward, m)
                 setattr(m, RANK_BLOCKS_ATTR, rank_blocks)
                 setattr(m, A2A_LISTENER_ATTR, a2a_listener)

@@ -99,6 +99,17 @@ def _missing(name: str, where: str) -> MissingInternalError:
     )
 
 
+def _call_after(fn: Callable[..., Any], callback: Callable[[], None]) -> Callable[..., Any]:
+    """``fn`` that calls ``callback()`` after each call, returning what ``fn`` returned."""
+
+    def fn_then_callback(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        callback()
+        return out
+
+    return fn_then_callback
+
+
 # ------------------------------------------------------------------------------------------------ input dist
 def input_dists(module: ShardedModule) -> List[torch.nn.Module]:
     """The input dists a sharded module has built so far (empty before its first batch).
@@ -123,13 +134,8 @@ def after_input_dists_built(module: ShardedModule, callback: Callable[[], None])
     create = getattr(module, "_create_input_dist", None)
     if not callable(create):
         raise _missing("ShardedModule._create_input_dist", type(module).__name__)
-
-    def create_then_call(*args: Any, **kwargs: Any) -> Any:
-        out = create(*args, **kwargs)
-        callback()
-        return out
-
-    module.__dict__["_create_input_dist"] = create_then_call  # shadows the class method on this instance only
+    # shadows the class method on this instance only
+    module.__dict__["_create_input_dist"] = _call_after(create, callback)
 
 
 def kjt_all_to_all_group(a2a: KJTAllToAll) -> dist.ProcessGroup:
@@ -148,11 +154,11 @@ def set_kjt_all_to_all_group(a2a: KJTAllToAll, group: dist.ProcessGroup) -> None
 
 # ----------------------------------------------------------------------------------------------- output dist
 # TorchRec's output dists that build a PooledEmbeddingsAllToAll on first use -> (their builder, the attribute
-# holding that all-to-all's process group). row_wise's (a reduce-scatter) is not one of them.
-_POOLED_DISTS: Dict[type, Tuple[str, str]] = {
-    TwPooledEmbeddingDist: ("_create_output_dist_module", "_pg"),  # table_wise, column_wise
-    TwRwPooledEmbeddingDist: ("_create_output_dist_modules", "_cross_pg"),  # table_row_wise, across hosts
-    GridPooledEmbeddingDist: ("_create_output_dist_modules", "_cross_pg"),  # grid_shard, across hosts
+# holding that all-to-all's process group, the sharding they serve). row_wise's (a reduce-scatter) is not one.
+_POOLED_DISTS: Dict[type, Tuple[str, str, str]] = {
+    TwPooledEmbeddingDist: ("_create_output_dist_module", "_pg", "table_wise"),  # also column_wise
+    TwRwPooledEmbeddingDist: ("_create_output_dist_modules", "_cross_pg", "table_row_wise"),  # across hosts
+    GridPooledEmbeddingDist: ("_create_output_dist_modules", "_cross_pg", "grid_shard"),  # across hosts
 }
 
 
@@ -171,16 +177,13 @@ def output_dists(module: ShardedModule) -> List[torch.nn.Module]:
 def pooled_output_dist_kind(od: torch.nn.Module) -> Optional[str]:
     """``"table_wise"`` (also column_wise), ``"table_row_wise"`` or ``"grid_shard"`` for the output dists that
     send pooled embeddings with a ``PooledEmbeddingsAllToAll``; None for others (row_wise's reduce-scatter)."""
-    return {
-        TwPooledEmbeddingDist: "table_wise",
-        TwRwPooledEmbeddingDist: "table_row_wise",
-        GridPooledEmbeddingDist: "grid_shard",
-    }.get(type(od))
+    entry = _POOLED_DISTS.get(type(od))
+    return entry[2] if entry is not None else None
 
 
 def pooled_output_dist_group(od: torch.nn.Module) -> dist.ProcessGroup:
     """The process group of an output dist's pooled all-to-all (across hosts for table_row_wise / grid_shard)."""
-    builder, pg_attr = _POOLED_DISTS[type(od)]
+    _, pg_attr, _ = _POOLED_DISTS[type(od)]
     pg = getattr(od, pg_attr, None)
     if not isinstance(pg, dist.ProcessGroup):
         raise _missing(f"{type(od).__name__}.{pg_attr}", type(od).__name__)
@@ -194,17 +197,11 @@ def after_pooled_all_to_all_built(od: torch.nn.Module, callback: Callable[[], No
     Raises:
         MissingInternalError: the output dist has no such builder.
     """
-    builder, _ = _POOLED_DISTS[type(od)]
+    builder, _, _ = _POOLED_DISTS[type(od)]
     build = getattr(od, builder, None)
     if not callable(build):
         raise _missing(f"{type(od).__name__}.{builder}", type(od).__name__)
-
-    def build_then_call(*args: Any, **kwargs: Any) -> Any:
-        out = build(*args, **kwargs)
-        callback()
-        return out
-
-    setattr(od, builder, build_then_call)
+    setattr(od, builder, _call_after(build, callback))
 
 
 class PooledAllToAllFields:
@@ -282,13 +279,6 @@ def set_dynamo_for_compiled_step(split_at_ddp_buckets: bool) -> None:
     torch._dynamo.config.error_on_nested_fx_trace = False
     torch._dynamo.config.optimize_ddp = split_at_ddp_buckets
     torch._dynamo.reset()
-
-
-def dynamo_splits_at_ddp_buckets() -> bool:
-    """dynamo's ``optimize_ddp`` as set now."""
-    import torch._dynamo
-
-    return bool(torch._dynamo.config.optimize_ddp)
 
 
 # -------------------------------------------------------------------------------------------------- autograd

@@ -12,6 +12,7 @@ in-training evaluation, per-rank data layout, TorchRec's fused optimizers); ever
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -28,7 +29,15 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
-from dlrm.checkpoint import Checkpointer, RunFacts, TrainState, checkpoint_root, choose_checkpoint, saved_plan
+from dlrm.checkpoint import (
+    Checkpointer,
+    RunFacts,
+    TrainState,
+    checkpoint_root,
+    choose_checkpoint,
+    planning_inputs,
+    saved_plan,
+)
 from dlrm.config import Config, ConfigError, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.loggers import MetricsLogger, setup_logging
@@ -158,6 +167,7 @@ class Trainer:
         self.state = TrainState()  # step, samples seen, metric window: what a checkpoint restores
         self._it: Optional["_TimedIterator"] = None
         self._input_warned = False
+        self._windows_logged = 0  # by this process: a resumed run's first window also holds the compile
         self.history: list = []
 
     @property
@@ -215,22 +225,23 @@ class Trainer:
         self.train_split, self.val_split, self.test_split = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
         self.multi_hot = data_mod.make_multi_hot(cfg.data, cfg.model)
         where = data_mod.assemble_on(cfg.data, info.device)
+        self.device_data_bytes = 0
         if where.type != "cpu":  # the host then only slices indices; the KJT is built on the device
             self.train_split, self.val_split = self.train_split.to(where), self.val_split.to(where)
             self.test_split = self.test_split.to(where) if self.test_split is not None else None
             if self.multi_hot is not None:
                 self.multi_hot = self.multi_hot.to(where)
             torch.cuda.synchronize(where)  # the pipeline reads them on its own streams
+            self.device_data_bytes = sum(
+                s.dense.nbytes + s.ids.nbytes + s.labels.nbytes
+                for s in (self.train_split, self.val_split, self.test_split)
+                if s is not None
+            ) + (self.multi_hot.nbytes() if self.multi_hot is not None else 0)
             log.info(
-                "batches are assembled on %s from the splits and expansion tables kept there (%.2f GB)",
+                "batches are assembled on %s from the splits and expansion tables kept there (%.2f GB, left "
+                "out of the planner's HBM)",
                 where,
-                sum(
-                    s.dense.nbytes + s.ids.nbytes + s.labels.nbytes
-                    for s in (self.train_split, self.val_split, self.test_split)
-                    if s is not None
-                )
-                / 1e9
-                + (self.multi_hot.nbytes() / 1e9 if self.multi_hot is not None else 0.0),
+                self.device_data_bytes / 1e9,
             )
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
         if self.steps_per_epoch == 0:
@@ -261,13 +272,19 @@ class Trainer:
         # the checkpoint to resume from is chosen (and verified) before planning: its saved plan is reused when
         # this job has the layout it was planned for, and its tables replace the initial ones
         resume_from = choose_checkpoint(cfg.checkpoint, checkpoint_root(cfg.checkpoint, self.run_dir), info)
+        build_cfg = cfg
+        if self.device_data_bytes:  # the planner may use what the data on the device leaves of its HBM
+            hbm = cfg.sharding.hbm_cap_gb or torch.cuda.get_device_properties(info.device).total_memory / 2**30
+            build_cfg = dataclasses.replace(
+                cfg, sharding=dataclasses.replace(cfg.sharding, hbm_cap_gb=hbm - self.device_data_bytes / 2**30)
+            )
         if resume_from is not None and cfg.sharding.plan_path is None:
-            plan_path = saved_plan(resume_from, info)
+            plan_path = saved_plan(resume_from, info, planning_inputs(cfg, self.global_batch))
             if plan_path is not None:
-                cfg = self.cfg = dataclasses.replace(
-                    cfg, sharding=dataclasses.replace(cfg.sharding, plan_path=plan_path)
+                build_cfg = dataclasses.replace(
+                    build_cfg, sharding=dataclasses.replace(build_cfg.sharding, plan_path=plan_path)
                 )
-        built = build_training(cfg, info, self.batch_size, self.skip_nonfinite, init_tables=resume_from is None)
+        built = build_training(build_cfg, info, self.batch_size, self.skip_nonfinite, init_tables=resume_from is None)
         model = built.unsharded
         self.model, self.plan, self.optimizer = built.model, built.plan, built.optimizer
         self.scheduler, self.pipeline = built.scheduler, built.pipeline
@@ -320,7 +337,7 @@ class Trainer:
         )
         if self.ckpt.resume(self.state, resume_from):
             self.metrics.advance(self.step)
-        if cfg.perf.compile:
+        if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
             self._compile_eval_step()
 
     @torch.no_grad()
@@ -330,7 +347,7 @@ class Trainer:
         info = self.info
         assert info is not None
         t0 = time.perf_counter()
-        batch, _ = next(
+        with contextlib.closing(
             iter(
                 data_mod.eval_batches(
                     self.val_split,
@@ -341,7 +358,8 @@ class Trainer:
                     multi_hot=self.multi_hot,
                 )
             )
-        )
+        ) as batches:  # closed here: a prefetching source stops its thread
+            batch, _ = next(batches)
         model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
         model.eval()
         model(batch.to(info.device))
@@ -528,11 +546,8 @@ class Trainer:
         }
         if self.skip_nonfinite:
             rec["skipped_batches"] = stats["skipped_global"]
-        if (
-            rec["input_ms"] > 0.5 * rec["step_ms"]
-            and not self._input_warned
-            and self.step > self.cfg.logger.log_every_n_steps
-        ):
+        self._windows_logged += 1
+        if rec["input_ms"] > 0.5 * rec["step_ms"] and not self._input_warned and self._windows_logged > 1:
             self._input_warned = True  # the first window holds the compile and the loader's start
             log.warning(
                 "the input side took %.1f of each %.1f ms step on rank %d (host time waiting for batches): the "

@@ -477,3 +477,27 @@ def test_missing_meta_json_is_one_error_line_exit_2(tmp_path: Path) -> None:
     assert line in r.stderr.splitlines()
     assert "Traceback" not in r.stderr
     assert line in (run / "train.log").read_text()
+
+
+def test_resumed_binary_batches_continue_where_the_checkpoint_stopped(ds: Path) -> None:
+    """``start_step`` (a resumed run's step count) skips that many batches: the binary loader then yields the
+    same batches as the tail of an uninterrupted pass, as the in-memory sources do."""
+    train, _, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=False)
+    mh = B.make_multi_hot(str(ds), B.read_meta(str(ds)), "on_the_fly", SIZES, 0)
+    kw = dict(
+        global_batch=100,
+        rank=1,
+        world_size=2,
+        epochs=2,
+        max_steps=20,
+        feature_names=FEATURE_NAMES,
+        multi_hot=mh,
+        shuffle=False,
+        seed=0,
+    )
+    whole = list(D.train_batches(train, **kw))
+    resumed = list(D.train_batches(train, start_step=15, **kw))
+    assert len(whole) == 20 and len(resumed) == 5  # 13 batches an epoch: step 15 is the second epoch's third
+    for got, want in zip(resumed, whole[15:]):
+        assert torch.equal(got.dense_features, want.dense_features) and torch.equal(got.labels, want.labels)
+        assert torch.equal(got.sparse_features.values(), want.sparse_features.values())

@@ -376,6 +376,43 @@ def test_every_checkpoint_has_a_manifest_of_its_files(two_checkpoints: Path) -> 
         assert verify_checkpoint(str(ck)) is None
 
 
+def test_a_saved_plan_is_reused_only_for_the_inputs_it_was_made_from(two_checkpoints: Path) -> None:
+    """``meta.json`` records what the plan was made from; a resume whose batch, sharding or model config differs
+    plans anew instead of loading a plan made for another problem."""
+    from omegaconf import OmegaConf
+
+    from dlrm.checkpoint import planning_inputs, read_meta, saved_plan
+    from dlrm.config import Config
+    from dlrm.dist import DistInfo
+
+    ck = str(two_checkpoints / "checkpoints" / "step_8")
+    meta = read_meta(ck)
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), meta["config"]))
+    inputs = planning_inputs(cfg, meta["global_batch"])
+    assert inputs == meta["planning"]
+    info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
+    assert saved_plan(ck, info, inputs) == os.path.join(ck, "plan.json")
+    assert saved_plan(ck, info, planning_inputs(cfg, 2 * meta["global_batch"])) is None
+    cfg.sharding.hbm_cap_gb = 1.0
+    assert saved_plan(ck, info, planning_inputs(cfg, meta["global_batch"])) is None
+
+
+def test_a_manifest_of_the_wrong_shape_is_a_verdict_not_a_crash(two_checkpoints: Path, tmp_path: Path) -> None:
+    """A manifest whose entries lack a field is reported as damage (so every rank of a job reaches the
+    all-gather of verdicts) instead of raising."""
+    import json
+    import shutil
+
+    from dlrm.checkpoint import verify_checkpoint
+
+    ck = tmp_path / "step_8"
+    shutil.copytree(two_checkpoints / "checkpoints" / "step_8", ck)
+    manifest = json.loads((ck / "manifest.json").read_text())
+    del manifest["files"]["rank_0.pt"]["size"]
+    (ck / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_checkpoint(str(ck)) == "manifest.json does not describe the files (KeyError: 'size')"
+
+
 @pytest.mark.parametrize(
     "name, how, says",
     [

@@ -182,7 +182,7 @@ def _check_dynamo() -> None:
 
     compiled = torch.compile(lambda x: x * 2, backend="eager")
     compat.set_dynamo_for_compiled_step(split_at_ddp_buckets=False)
-    assert compat.dynamo_splits_at_ddp_buckets() is False
+    assert torch._dynamo.config.optimize_ddp is False
 
     class UsesCompiled(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +191,7 @@ def _check_dynamo() -> None:
     gm = torch.fx.symbolic_trace(UsesCompiled())  # TorchRec's trace of a model with a compiled step: no error
     assert torch.equal(gm(torch.ones(2)), torch.full((2,), 2.0))
     compat.set_dynamo_for_compiled_step(split_at_ddp_buckets=True)
-    assert compat.dynamo_splits_at_ddp_buckets() is True
+    assert torch._dynamo.config.optimize_ddp is True
     assert torch._dynamo.config.error_on_nested_fx_trace is False
 
 

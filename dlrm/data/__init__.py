@@ -106,7 +106,7 @@ class MultiHot:
         need = sum(r * (m - 1) * 8 for r, m in zip(table_rows, sizes))
         if need > MULTI_HOT_MAX_BYTES:
             raise ConfigError(
-                f"data.multi_hot: the MLPerf expansion tables would take {need / 2**30:.1f} GiB of host memory "
+                f"data.multi_hot: the MLPerf expansion tables would take {need / 2**30:.1f} GiB of memory "
                 f"(limit {MULTI_HOT_MAX_BYTES / 2**30:.0f} GiB); cap the tables with model.row_cap=<rows> or "
                 "keep ids 1-hot with data.multi_hot=false"
             )
@@ -217,6 +217,7 @@ def train_batches(
             multi_hot=multi_hot,  # type: ignore[arg-type]
             prefetch=split.prefetch,
             pin_memory=split.pin_memory,
+            start_step=start_step,
         )
         return
     step = 0

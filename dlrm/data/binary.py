@@ -609,9 +609,11 @@ def train_batches(
     multi_hot: Optional[BinaryMultiHot],
     prefetch: int = 2,
     pin_memory: Optional[bool] = None,
+    start_step: int = 0,
 ) -> Iterator[Batch]:
     """This rank's training batches: for each ``(start, size)`` of ``plan`` (``dlrm.data.train_plan``), rows
-    ``[start + rank*size, start + (rank+1)*size)``; every rank gets the same count and sizes."""
+    ``[start + rank*size, start + (rank+1)*size)``; every rank gets the same count and sizes. ``start_step`` (a
+    resumed run's step count) skips that many batches by index without reading them."""
     reader = BatchReader(split, feature_names, multi_hot, pin_memory)
 
     def gen() -> Iterator[Batch]:
@@ -620,7 +622,8 @@ def train_batches(
             for start, size in plan:
                 if max_steps is not None and step >= max_steps:
                     return
-                yield reader.read(start + rank * size, start + (rank + 1) * size)
+                if step >= start_step:
+                    yield reader.read(start + rank * size, start + (rank + 1) * size)
                 step += 1
 
     return _prefetched(gen(), prefetch)
