@@ -105,25 +105,13 @@ def test_every_plan_and_world_size_starts_from_the_same_tables() -> None:
     # and they are the documented function of (seed, table, row, column): uniform in TorchRec's +-sqrt(1 / rows)
     cfg = to_config(compose(TINY))
     c = table_configs(cfg.model)[3]
-    want = initial_weights(
-        c.name,
-        0,
-        (0, c.num_embeddings),
-        (0, DIM),
-        c.get_weight_init_min(),
-        c.get_weight_init_max(),
-        torch.device("cpu"),
-    )
+
+    def table(seed: int) -> torch.Tensor:
+        lo, hi = c.get_weight_init_min(), c.get_weight_init_max()
+        return initial_weights(c.name, seed, (0, c.num_embeddings), (0, DIM), lo, hi, torch.device("cpu"))
+
+    want = table(0)
     assert torch.equal(ref[c.name], want)
     assert ref[c.name].abs().max() < c.get_weight_init_max() and ref[c.name].std() > 0.5 * c.get_weight_init_max()
     # another seed gives other tables
-    other = initial_weights(
-        c.name,
-        1,
-        (0, c.num_embeddings),
-        (0, DIM),
-        c.get_weight_init_min(),
-        c.get_weight_init_max(),
-        torch.device("cpu"),
-    )
-    assert not torch.equal(other, want)
+    assert not torch.equal(table(1), want)
