@@ -31,6 +31,8 @@ DEFAULT_ENV: Dict[str, str] = {
     "PYTHONUNBUFFERED": "1",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
 }
+# torchrun with a preemption exit status (dlrm/torchrun.py); `python` is the job's interpreter, as for torchrun
+LAUNCHER = "python -m dlrm.torchrun"
 DATA_DST = "/data"
 OUTPUTS_DST = "/outputs"
 # The run-name rule of dlrm/cli.py (_NAME_OK), checked here too so a bad name fails at launch, not on the cluster.
@@ -133,8 +135,10 @@ def trainer(
         max_retries=max_retries,
         mounts=all_mounts or None,
     )
-    if max_restarts:  # dist.ddp has no such parameter: add torchrun's flag to its command line
-        role = app.roles[0]
-        assert role.args[1].startswith("torchrun "), role.args
-        role.args[1] = f"torchrun --max_restarts {max_restarts} " + role.args[1][len("torchrun ") :]
+    # dist.ddp runs `torchrun ...`; run it through dlrm.torchrun instead (the same arguments; a preempted job
+    # exits 143, not 1, see dlrm/torchrun.py), and add --max_restarts, which dist.ddp has no parameter for
+    role = app.roles[0]
+    assert role.args[1].startswith("torchrun "), role.args
+    restarts = f"--max_restarts {max_restarts} " if max_restarts else ""
+    role.args[1] = f"{LAUNCHER} {restarts}" + role.args[1][len("torchrun ") :]
     return app

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,39 @@ def test_torchrun_two_ranks_share_one_run_dir_named_by_run_id(tmp_path: Path) ->
     assert f"run dir {d}" in p.stdout + p.stderr
 
 
+def test_sigterm_to_the_launcher_saves_and_exits_143(tmp_path: Path) -> None:
+    """SIGTERM to ``python -m dlrm.torchrun`` (what a scheduler sends on preemption): torchrun forwards it, both
+    ranks finish the step and save, and the launcher exits 143 (128 + SIGTERM) with one line, not torchrun's 1
+    and a traceback, so that a retry policy restarts the job and reads it as preempted."""
+    root, ck = tmp_path / "runs", tmp_path / "ck"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node", "2", "train.py"]
+        + [o for o in SHORT if not o.startswith(("trainer.max_steps=", "logger.log_every_n_steps="))]
+        + ["trainer.max_steps=100000", "logger.log_every_n_steps=1", f"checkpoint.dir={ck}"],
+        cwd=REPO,
+        env=_env(DLRM_OUTPUT_ROOT=str(root)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.append(line)
+        if line.startswith("step "):
+            proc.send_signal(signal.SIGTERM)
+            out.append(proc.stdout.read())
+            break
+    rc = proc.wait(timeout=300)
+    text = "".join(out)
+    assert rc == 143, text
+    assert "Traceback" not in text, text
+    assert "torchrun: stopped by SIGTERM" in text and "exit status 143" in text, text
+    saved = re.search(r"SIGTERM: finished step (\d+), saved", text)
+    assert saved, text
+    assert (ck / f"step_{saved.group(1)}" / "manifest.json").is_file(), sorted(os.listdir(ck))
+
+
 # --------------------------------------------------------------------------------------------- component
 def test_component_appdef() -> None:
     app = trainer(
@@ -151,7 +185,7 @@ def test_component_appdef() -> None:
     assert role.num_replicas == 2 and role.max_retries == 3
     assert (role.resource.gpu, role.resource.cpu, role.resource.memMB) == (8, 32, 512000)
     cmd = role.args[1]
-    assert role.entrypoint == "bash" and cmd.startswith("torchrun ")
+    assert role.entrypoint == "bash" and cmd.startswith("python -m dlrm.torchrun --rdzv_backend ")
     assert "--nnodes 2 --nproc_per_node 8" in cmd and cmd.endswith("train.py model=dlrm_v2 trainer.max_steps=5")
     assert {k: role.env[k] for k in ("NCCL_NVLS_ENABLE", "NCCL_DEBUG", "DLRM_OUTPUT_ROOT", "DLRM_RUN_NAME", "X")} == {
         "NCCL_NVLS_ENABLE": "0",
@@ -173,7 +207,7 @@ def test_component_appdef() -> None:
     assert role.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # in-place restarts rejoin (pytorch#135712)
     assert "--max_restarts" not in cmd
     restarting = trainer("trainer.max_steps=5", max_restarts=2).roles[0].args[1]
-    assert restarting.startswith("torchrun --max_restarts 2 --rdzv_backend "), restarting
+    assert restarting.startswith("python -m dlrm.torchrun --max_restarts 2 --rdzv_backend "), restarting
     with pytest.raises(ValueError, match="--max_restarts=-1 must be >= 0"):
         trainer(max_restarts=-1)
 

@@ -1,0 +1,58 @@
+"""``torchrun`` with an exit status that tells a scheduler "preempted, resumable" apart from "failed".
+
+    python -m dlrm.torchrun --standalone --nproc_per_node 8 train.py experiment=mlperf_dlrmv2 ...
+
+Takes exactly ``torchrun``'s arguments and runs ``torch.distributed.run``. The difference is the end of a run
+stopped by a signal. On SIGTERM (or SIGINT, SIGHUP, SIGQUIT) torchrun forwards the signal to its workers; the
+trainer finishes its step, saves a checkpoint and exits 0. torchrun itself then re-raises the signal as a
+``SignalException`` and exits 1 with a traceback, the status of a crash. This launcher prints one line instead and
+exits ``128 + signal number`` (143 for SIGTERM), the POSIX status of a process stopped by that signal, so that:
+
+- Kubernetes (torchx ``-s kubernetes``, Volcano): the pod fails with exit code 143 and the job's retry policy
+  (``--max_retries``) restarts it; a ``podFailurePolicy`` rule ``onExitCodes: [143]`` with ``action: Ignore``
+  keeps preemptions from counting against the retry budget. Exit 0 would have marked the job complete.
+- Slurm: a preempted job is requeued by Slurm's own policy (``--requeue``) whatever the status; ``sacct`` shows
+  state ``PREEMPTED`` (or ``CANCELLED`` for ``scancel``) with exit code ``143:0`` instead of ``1:0``.
+- torchx ``local_cwd`` / ``local_docker``: the app ends ``FAILED`` either way; the status tells the two apart.
+
+A restarted job resumes from the newest complete checkpoint with ``checkpoint.resume=auto`` (the default).
+torchrun gives its workers 30 s between the forwarded signal and SIGKILL (``--shutdown-timeout`` where the
+installed torch has it); the scheduler's grace period (Kubernetes ``terminationGracePeriodSeconds``, Slurm
+``KillWait``) must cover that too, and both must exceed one step plus a checkpoint save.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import List, Optional
+
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.run import main as torchrun_main
+
+
+def exit_status(sig: int) -> int:
+    """The POSIX exit status of a process stopped by signal ``sig``: ``128 + sig`` (SIGTERM 15 -> 143)."""
+    return 128 + int(sig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run torchrun with ``argv`` (default ``sys.argv[1:]``); return its status, or :func:`exit_status` of the
+    signal that stopped it. torchrun's own errors (bad arguments, a failed worker) pass through unchanged."""
+    try:
+        torchrun_main(argv)
+    except SignalException as e:
+        name = signal.Signals(e.sigval).name
+        status = exit_status(e.sigval)
+        print(
+            f"torchrun: stopped by {name}; the workers were asked to finish the step and save a checkpoint; "
+            f"exit status {status} (resume: relaunch with checkpoint.resume=auto)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
