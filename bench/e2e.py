@@ -77,6 +77,7 @@ def run_trainer(source: str, args: argparse.Namespace) -> Dict[str, Any]:
         f"hydra.run.dir={run_dir}",
         *args.model,
         f"perf={args.perf}",
+        f"pipeline={args.pipeline}",
         f"data.batch_size={args.batch}",
         f"trainer.max_steps={args.steps}",
         "trainer.epochs=1000",
@@ -134,6 +135,9 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--perf", default="fast")
+    ap.add_argument(
+        "--pipeline", default="sparse_dist", help="the trainer's pipeline (graphed: pair --variant fast_graphed)"
+    )
     ap.add_argument("--variant", default="fast", help="the step benchmark's variant to compare with")
     ap.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
     ap.add_argument("--timeout", type=int, default=1800)

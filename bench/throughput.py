@@ -97,6 +97,10 @@ LEVERS: Dict[str, List[str]] = {
     # perf=fast, and perf=fast with one of its levers undone or another key on top
     "fast": ["perf=fast"],
     "fast_elementwise_adagrad": ["perf=fast", "optimizer.sparse_type=adagrad"],
+    # one GPU: the step after the input dist replayed as one CUDA graph (dlrm/graphed.py)
+    "fast_graphed": ["perf=fast", "pipeline=graphed"],
+    "fast_graphed_elementwise_adagrad": ["perf=fast", "pipeline=graphed", "optimizer.sparse_type=adagrad"],
+    "fp32_graphed": ["perf=fp32", "pipeline=graphed"],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
     "fast_max_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fused_sparse_dist": ["perf=fast", "pipeline=fused_sparse_dist"],

@@ -553,14 +553,17 @@ class ShardingConfig:
 
 @dataclass
 class PipelineConfig:
-    """The training loop driver, one of TorchRec's pipelines (``pipeline=<name>``; ``dlrm/pipeline.py``)."""
+    """The training loop driver: one of TorchRec's pipelines, or the CUDA-graph one (``pipeline=<name>``;
+    ``dlrm/pipeline.py``)."""
 
     name: str = "sparse_dist"
     """``sparse_dist`` (``TrainPipelineSparseDist``: batch i+1's host-to-device copy and KJT input dist overlap
     batch i), ``fused_sparse_dist`` (also batch i+1's lookup and output dist beside batch i's dense optimizer;
     CUDA), ``semi_sync`` (batch i+1's lookup and output dist beside batch i's dense backward, reading the tables
-    one update stale; CUDA), ``prefetch`` (also prefetches ``fused_uvm_caching`` rows on their own stream; CUDA)
-    or ``base`` (``TrainPipelineBase``: no overlap, for debugging)."""
+    one update stale; CUDA), ``prefetch`` (also prefetches ``fused_uvm_caching`` rows on their own stream; CUDA),
+    ``base`` (``TrainPipelineBase``: no overlap, for debugging) or ``graphed`` (one rank, fixed bag sizes: the
+    step after the input dist replayed as one CUDA graph, for batches where the host bounds the step; CUDA;
+    ``dlrm/graphed.py``)."""
     input_dist_group: str = "shared"
     """``shared``: the input dist's KJT all-to-alls run on the default process group; ``dedicated``: on one extra
     group over the same ranks (its own NCCL communicator and stream), so the next batch's ids do not queue behind
@@ -571,10 +574,10 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         _check(
-            self.name in ("sparse_dist", "fused_sparse_dist", "semi_sync", "prefetch", "base"),
+            self.name in ("sparse_dist", "fused_sparse_dist", "semi_sync", "prefetch", "base", "graphed"),
             "pipeline.name",
             f"got {self.name!r}; use sparse_dist, fused_sparse_dist (CUDA), semi_sync (CUDA), prefetch (uvm "
-            "caching, CUDA) or base (plain loop, no overlap, for debugging)",
+            "caching, CUDA), base (plain loop, no overlap, for debugging) or graphed (CUDA graph, one GPU)",
         )
         _check(
             self.semi_sync_start_batch >= 0,

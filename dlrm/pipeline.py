@@ -18,6 +18,9 @@ The pipelines are TorchRec's, used as they are:
 * ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
   ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
+* ``graphed``: :class:`dlrm.graphed.GraphedTrainPipeline` (not TorchRec's): one rank, fixed bag sizes; the step
+  after the input dist is captured once and replayed as one CUDA graph, for batch sizes where issuing the step
+  takes the host longer than the GPU needs to run it. CUDA.
 
 Only the constructor arguments ``(model, optimizer, device)`` are passed (plus ``execute_all_batches=True`` for
 the sparse-dist ones, so the last, possibly partial, batch is trained, and ``start_batch`` for ``semi_sync``): they
@@ -38,7 +41,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Dict, Type
+from typing import Dict, Optional, Type, Union
 
 import torch
 from torchrec.distributed.train_pipeline import (
@@ -52,6 +55,7 @@ from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSem
 
 from dlrm.comms import input_dist_group, use_group_for_input_dist
 from dlrm.config import ConfigError, PipelineConfig
+from dlrm.graphed import GraphedTrainPipeline
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ CUDA_ONLY = {
     "prefetch": "prefetches fused_uvm_caching rows on a CUDA stream",
     "fused_sparse_dist": "runs the embedding lookup on a CUDA stream (TorchRec records the batch's tensors on it)",
     "semi_sync": "records the batch's tensors on CUDA streams",
+    "graphed": "replays a CUDA graph",
 }
 
 
@@ -87,9 +92,14 @@ def check_pipeline_device(cfg: PipelineConfig, device: torch.device) -> None:
 
 
 def build_pipeline(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, cfg: PipelineConfig
-) -> TrainPipeline:
-    """The configured TorchRec pipeline over a DMP-wrapped ``model``.
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    cfg: PipelineConfig,
+    dense: Optional[torch.optim.Optimizer] = None,
+) -> Union[TrainPipeline, GraphedTrainPipeline]:
+    """The configured pipeline over a DMP-wrapped ``model``; ``dense`` (the optimizer of the parameters not fused
+    into the TBE backward) is what ``pipeline=graphed`` steps inside its graph.
 
     With ``cfg.input_dist_group == "dedicated"`` this creates the dedicated process group (collective: call on
     every rank) and hooks every sharded module of ``model`` to it.
@@ -101,6 +111,9 @@ def build_pipeline(
     if cfg.input_dist_group == "dedicated":
         n = use_group_for_input_dist(model, input_dist_group())
         log.info("input dist of %d sharded module(s) on a dedicated process group", n)
+    if cfg.name == "graphed":
+        assert dense is not None, "pipeline=graphed steps the dense optimizer itself: pass it"
+        return GraphedTrainPipeline(model, optimizer, dense, device)
     cls = PIPELINES[cfg.name]
     if cls is TrainPipelineBase:
         return cls(model, optimizer, device)

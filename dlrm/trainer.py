@@ -40,6 +40,7 @@ from dlrm.checkpoint import (
 )
 from dlrm.config import Config, ConfigError, to_config
 from dlrm.dist import DistInfo, init_distributed
+from dlrm.graphed import GraphedTrainPipeline, check_graphed, use_capture_stream
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EXACT_AUC_MAX_ROWS, EvalAccumulator, MetricWindow
 from dlrm.mlperf_log import MlperfLogger
@@ -79,6 +80,12 @@ class Built:
     scheduler: Any
     pipeline: Any
     perf: PerfSetup  # what the perf levers switched on
+    dense: Any = None  # the optimizer of the parameters not fused into the TBE backward (part of ``optimizer``)
+
+
+def has_data_parallel_tables(plan: ShardingPlan) -> bool:
+    """Whether ``plan`` replicates any table (``data_parallel``: trained by the dense optimizer, not a fused TBE)."""
+    return any(ps.sharding_type == "data_parallel" for mp in plan.plan.values() for ps in mp.values())  # type: ignore
 
 
 def build_training(
@@ -108,7 +115,10 @@ def build_training(
     hooks = hooks or BuildHooks()
     perf = cfg.perf
     check_perf_device(perf, info.device)
+    check_graphed(cfg, info.world_size, info.device)
     apply_device_settings(perf, info.device)
+    if cfg.pipeline.name == "graphed":
+        use_capture_stream(info.device)  # before DDP binds the gradients' accumulation to the current stream
     # model
     model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=skip_nonfinite, perf=perf)
     if hooks.model is not None:
@@ -146,8 +156,16 @@ def build_training(
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
     # pipeline: semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
-    pipeline = build_pipeline(dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device, cfg.pipeline)
-    return Built(model, dmp, plan, optimizer, scheduler, pipeline, perf_setup)
+    if cfg.pipeline.name == "graphed" and cfg.optimizer.sparse_type != "adagrad" and has_data_parallel_tables(plan):
+        raise ConfigError(
+            "config key `pipeline.name`: pipeline=graphed steps data_parallel tables with element-wise Adagrad "
+            f"only, but optimizer.sparse_type={cfg.optimizer.sparse_type}; use optimizer.sparse_type=adagrad, a "
+            "plan without data_parallel tables, or pipeline=sparse_dist"
+        )
+    pipeline = build_pipeline(
+        dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device, cfg.pipeline, dense=dense
+    )
+    return Built(model, dmp, plan, optimizer, scheduler, pipeline, perf_setup, dense)
 
 
 class Trainer:
@@ -195,6 +213,7 @@ class Trainer:
         check_can_train(cfg.offload, info.device)  # before loading data: offload needs CUDA
         check_perf_device(cfg.perf, info.device)  # and bf16 TBE kernels too
         check_pipeline_device(cfg.pipeline, info.device)  # and the stream-based pipelines
+        check_graphed(cfg, info.world_size, info.device)
         self.run_dir = self._agree_run_dir(self.run_dir)
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
@@ -495,6 +514,8 @@ class Trainer:
                 self.metrics.log_line(self.ckpt.preempt_message or "")
                 return last_val
         self.profiler.close()
+        if isinstance(self.pipeline, GraphedTrainPipeline):
+            self.pipeline.check_bag_sizes()
         if target_hit and self.step % every != 0:
             self._log_window(win, t_start)
         self.ckpt.at_end(self.state)  # checkpoint: the last step, if an early stop skipped its periodic save

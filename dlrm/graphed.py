@@ -1,0 +1,339 @@
+"""``pipeline=graphed``: one rank's training step after the input dist, replayed as one CUDA graph.
+
+Below about 16,384 samples per GPU the step is bound by the host: issuing its ~190 kernels through TorchRec's
+pipeline, DDP, the compiled dense step and the optimizers takes longer than the GPU needs to run them (7-9 ms
+against 3.5 ms of kernels at 8192 on an H200; docs/performance.md). With the MLPerf multi-hot (or 1-hot ids) every
+bag has a fixed size, so every full batch has the same shapes, and the step can be recorded once and replayed:
+
+1. The first ``WARMUP_STEPS`` batches train eagerly, as ``pipeline=base`` does (DMP forward with TorchRec's
+   input dist, backward, optimizer step); this builds the lazy state a capture must not see for the first time
+   (compiled graphs, optimizer state, cuBLAS workspaces).
+2. The next full batch becomes the graph's input buffers. Its KJT goes through the sharded module's input dist
+   once (``ShardedModule.input_dist``); on one rank that only regroups the features, and the regrouping is kept
+   as a gather index, checked once against the real input dist. A rehearsal step then trains on it along the
+   path the graph will take: ``compute_and_output_dist`` on the held input dist (TBE forward), the dense forward
+   and loss, the backward (the TBE backward with its fused optimizer), and the dense Adagrad step
+   (``torch.optim.adagrad.adagrad``, the function ``torch.optim.Adagrad.step`` runs, on the optimizer's own
+   state, so checkpoints and the learning rate stay the optimizer's).
+3. The next full batch is copied into the buffers and that path is captured (``torch.cuda.graph``), then every
+   full batch is copied in (ids gathered into the held input dist, dense features, labels) and the graph
+   replayed. Batches of another size (an epoch's last, partial batch) train eagerly as in step 1.
+
+The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses and tables against
+``pipeline=sparse_dist``). What a replay cannot follow is refused (:func:`check_graphed`): several ranks (the
+input dist's all-to-all sizes its buffers on the host), a learning-rate schedule (the graph holds the rates it
+was captured with), offload, and a CPU device. The capture needs the process's current CUDA stream to be a
+stream of its own, set before the model is built (:func:`use_capture_stream`): autograd binds each parameter's
+gradient accumulation to the stream current when DDP first registers it, and the legacy default stream cannot
+take part in a capture.
+
+Bag sizes are checked on the device without a host sync; the flag is read every ``CHECK_EVERY`` steps, and a batch
+whose bag sizes differ from the captured ones stops the run with :class:`dlrm.model.BatchError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, List, Optional, Tuple
+
+import torch
+from torch.optim.adagrad import adagrad as adagrad_step
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.types import ShardedModule
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm.config import Config, ConfigError
+from dlrm.model import BatchError
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS = 2  # eager steps before the rehearsal: the first compiles, the second runs warm
+CHECK_EVERY = 100  # steps between host reads of the bag-size flag
+
+
+def check_graphed(cfg: Config, world_size: int, device: torch.device) -> None:
+    """Refuse a run that ``pipeline=graphed`` cannot replay exactly.
+
+    Raises:
+        ConfigError: not CUDA; more than one rank; a learning-rate warm-up or decay
+            (``optimizer.warmup_steps``, ``optimizer.decay_steps``); ``offload`` other than ``none``.
+    """
+    if cfg.pipeline.name != "graphed":
+        return
+    key = "config key `pipeline.name`: pipeline=graphed"
+    if device.type != "cuda":
+        raise ConfigError(f"{key} replays a CUDA graph, but this run is on {device.type}; use pipeline=sparse_dist")
+    if world_size != 1:
+        raise ConfigError(
+            f"{key} runs on one rank (the input dist's all-to-all sizes its buffers on the host), but this job has "
+            f"{world_size}; use pipeline=sparse_dist on several GPUs"
+        )
+    opt = cfg.optimizer
+    if opt.warmup_steps or opt.decay_steps:
+        raise ConfigError(
+            f"{key} replays the learning rates it was captured with, but optimizer.warmup_steps="
+            f"{opt.warmup_steps} / optimizer.decay_steps={opt.decay_steps} change them; set both to 0 (the MLPerf "
+            "recipe's constant rate) or use pipeline=sparse_dist"
+        )
+    if cfg.offload.name != "none":
+        raise ConfigError(f"{key} is not built for offload={cfg.offload.name}; use offload=none or pipeline=prefetch")
+
+
+def use_capture_stream(device: torch.device) -> None:
+    """Make a new stream the calling thread's current CUDA stream (call before the model is built; see the module
+    docstring). Everything this thread queues afterwards goes to it, as it would to the default stream."""
+    torch.cuda.set_stream(torch.cuda.Stream(device))
+
+
+class GraphedTrainPipeline:
+    """A training pipeline with TorchRec's ``progress(iterator)`` interface that replays one CUDA graph per full
+    batch (module docstring). One rank.
+
+    Args:
+        model: the DMP-wrapped model; its one sharded module is an ``EmbeddingBagCollection`` fed the batch's KJT.
+        optimizer: every optimizer of the model (the fused TBE optimizers plus ``dense``), for eager steps.
+        dense: the optimizer of the parameters not fused into the TBE backward; its parameter groups must be
+            ``torch.optim.Adagrad``'s (``sum`` and ``step`` state).
+        device: this rank's device.
+        capture: false replays nothing and runs the capture path eagerly instead (a CPU check of everything but
+            the CUDA graph itself).
+
+    ``progress`` returns ``(loss, logits, labels)`` (detached; fresh tensors each step) and raises
+    ``StopIteration`` after the last batch.
+
+    Raises:
+        ConfigError: a model with more than one sharded module, or a dense optimizer that is not Adagrad.
+        BatchError: a batch's bag sizes differ from the captured batch's (found at most ``CHECK_EVERY`` steps
+            later).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dense: torch.optim.Optimizer,
+        device: torch.device,
+        capture: bool = True,
+    ) -> None:
+        self._model = model
+        self._net = model.module  # the unwrapped module: on one rank DDP adds nothing, and its logging syncs
+        self._optimizer = optimizer
+        self._dense = dense
+        self._device = device
+        self._capture = capture
+        sharded = [m for m in model.modules() if isinstance(m, ShardedModule)]
+        if len(sharded) != 1:
+            raise ConfigError(
+                f"config key `pipeline.name`: pipeline=graphed handles one sharded EmbeddingBagCollection, this "
+                f"model has {len(sharded)} sharded modules; use pipeline=sparse_dist"
+            )
+        self._sharded: ShardedModule = sharded[0]
+        for g in dense.param_groups:
+            if g.get("lr_decay", None) != 0 or any("sum" not in dense.state[p] for p in g["params"]):
+                raise ConfigError(
+                    "config key `pipeline.name`: pipeline=graphed steps the dense parameters with Adagrad (no "
+                    "lr_decay) only; with data_parallel tables use optimizer.sparse_type=adagrad, or "
+                    "pipeline=sparse_dist"
+                )
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._next: Optional[Batch] = None
+        self._exhausted = False
+        self._steps = 0
+        self._static: Optional[Batch] = None
+        self._lengths: Optional[torch.Tensor] = None
+        self._gathers: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (held values, gather index)
+        self._ctx: Any = None
+        self._dist: Any = None
+        self._graph: Optional[torch.cuda.CUDAGraph] = None
+        self._out: Tuple[torch.Tensor, ...] = ()
+        self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
+        self._counted = True  # whether the dense step counters already count the next replay
+        self._bad: Optional[torch.Tensor] = None
+        self.captured_at: Optional[int] = None  # the step (1-based) whose batch the graph was captured with
+
+    # ------------------------------------------------------------------------------------------ interface
+    def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, ...]:
+        batch = self._take(it)
+        self._steps += 1
+        fits = self._fits(batch)
+        if not fits or self._steps <= WARMUP_STEPS:
+            return self._eager_step(batch)
+        if self._static is None:  # the rehearsal, on the batch that becomes the input buffers
+            self._hold(batch)
+            self._optimizer.zero_grad()
+            return tuple(t.clone() for t in self._graph_step())
+        self._load(batch)
+        if self._steps % CHECK_EVERY == 0:
+            self._check_lengths()
+        if not self._capture:
+            self._optimizer.zero_grad()
+            return tuple(t.clone() for t in self._graph_step())
+        if self._graph is None:
+            self._record()
+        elif not self._counted:
+            for group in self._dense.param_groups:  # the step counters a replay does not advance
+                for p in group["params"]:
+                    self._dense.state[p]["step"] += 1
+        self._counted = False
+        assert self._graph is not None
+        self._graph.replay()
+        return tuple(t.clone() for t in self._out)
+
+    def detach(self) -> torch.nn.Module:
+        """The model, for evaluation (its forward is TorchRec's again outside the capture path)."""
+        return self._model
+
+    def check_bag_sizes(self) -> None:
+        """Raise :class:`dlrm.model.BatchError` if a batch since the last check had other bag sizes than the
+        captured batch (one host sync; ``progress`` also checks every ``CHECK_EVERY`` steps)."""
+        if self._bad is not None:
+            self._check_lengths()
+
+    # ------------------------------------------------------------------------------------------ steps
+    def _eager_step(self, batch: Batch) -> Tuple[torch.Tensor, ...]:
+        self._optimizer.zero_grad()
+        loss, out = self._model(batch)
+        loss.backward()
+        self._optimizer.step()
+        return out
+
+    def _graph_step(self) -> Tuple[torch.Tensor, ...]:
+        """Forward from the held input dist, backward, dense Adagrad: what the graph records."""
+        assert self._static is not None
+        with self._from_held_input_dist():
+            loss, out = self._net(self._static)
+        loss.backward()
+        self._dense_step()
+        return out
+
+    @torch.no_grad()
+    def _dense_step(self) -> None:
+        opt = self._dense
+        for g in opt.param_groups:
+            ps = [p for p in g["params"] if p.grad is not None]
+            adagrad_step(
+                ps,
+                [p.grad for p in ps],
+                [opt.state[p]["sum"] for p in ps],
+                [opt.state[p]["step"] for p in ps],
+                foreach=g.get("foreach"),
+                fused=g.get("fused"),
+                lr=g["lr"],
+                weight_decay=g["weight_decay"],
+                lr_decay=g["lr_decay"],
+                eps=g["eps"],
+                maximize=g.get("maximize", False),
+                has_complex=False,
+            )
+
+    def _record(self) -> None:
+        self._optimizer.zero_grad()  # the graph allocates its own gradient buffers
+        torch.cuda.synchronize(self._device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self._device)):
+            self._out = self._graph_step()
+        self._grads = [p.grad for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
+        self._graph = graph
+        self._counted = True  # capturing ran the counters' host increment for the first replay
+        self.captured_at = self._steps
+        log.info("training step captured as a CUDA graph at step %d; replayed from here on", self._steps)
+
+    # ------------------------------------------------------------------------------------------ batches
+    def _take(self, it: Iterator[Batch]) -> Batch:
+        if self._next is None:
+            if self._exhausted:  # the last iterator ended; the next call starts on the iterator it is given
+                self._exhausted = False
+                raise StopIteration
+            self._next = self._to_device(next(it))
+        batch = self._next
+        if self._copy_stream is not None:
+            current = torch.cuda.current_stream(self._device)
+            current.wait_stream(self._copy_stream)
+            batch.record_stream(current)
+        try:  # the next batch's host-to-device copy runs beside this step
+            self._next = self._to_device(next(it))
+        except StopIteration:
+            self._next, self._exhausted = None, True
+        return batch
+
+    def _to_device(self, batch: Batch) -> Batch:
+        if self._copy_stream is None:
+            return batch.to(self._device)
+        with torch.cuda.stream(self._copy_stream):
+            return batch.to(self._device, non_blocking=True)
+
+    def _fits(self, batch: Batch) -> bool:
+        if self._static is None:
+            return True
+        kjt = batch.sparse_features
+        return (
+            batch.dense_features.shape == self._static.dense_features.shape
+            and kjt.values().numel() == self._static.sparse_features.values().numel()
+            and kjt.keys() == self._static.sparse_features.keys()
+        )
+
+    def _hold(self, batch: Batch) -> None:
+        """Make copies of ``batch`` the input buffers; run the input dist on them once and keep its output and the
+        gather index that rebuilds it from a batch's ids."""
+        kjt = batch.sparse_features
+        values, lengths = kjt.values().clone(), kjt.lengths().clone()
+        self._static = Batch(
+            dense_features=batch.dense_features.clone(),
+            sparse_features=KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=lengths),
+            labels=batch.labels.clone(),
+        )
+        self._lengths = lengths
+        self._bad = torch.zeros((), dtype=torch.bool, device=values.device)
+        self._ctx = self._sharded.create_context()
+        self._dist = self._sharded.input_dist(self._ctx, self._static.sparse_features).wait().wait()
+        starts, pos = {}, 0
+        for key, n in zip(kjt.keys(), self._static.sparse_features.length_per_key()):
+            starts[key] = (pos, n)
+            pos += n
+        self._gathers = []
+        for part in self._dist:
+            index = torch.cat(
+                [torch.arange(starts[k][0], starts[k][0] + starts[k][1], device=values.device) for k in part.keys()]
+            )
+            identity = index.numel() == values.numel() and bool(
+                torch.equal(index, torch.arange(index.numel(), device=index.device))
+            )
+            held = part.values()
+            if not torch.equal(held, values[index].to(held.dtype)):
+                raise ConfigError(
+                    "config key `pipeline.name`: pipeline=graphed found an input dist that changes the ids (this "
+                    f"plan's {type(part).__name__} for keys {list(part.keys())[:3]}...), which a replay cannot "
+                    "rebuild; use sharding=table_wise or pipeline=sparse_dist"
+                )
+            self._gathers.append((held, None if identity else index))
+
+    def _load(self, batch: Batch) -> None:
+        """Copy ``batch`` into the input buffers (ids into the held input dist's values)."""
+        assert self._static is not None and self._lengths is not None and self._bad is not None
+        kjt = batch.sparse_features
+        self._bad |= (kjt.lengths() != self._lengths).any()
+        src = kjt.values()
+        for held, index in self._gathers:
+            held.copy_(src if index is None else src.index_select(0, index), non_blocking=True)
+        self._static.dense_features.copy_(batch.dense_features, non_blocking=True)
+        self._static.labels.copy_(batch.labels, non_blocking=True)
+
+    def _check_lengths(self) -> None:
+        assert self._bad is not None
+        if bool(self._bad.item()):
+            raise BatchError(
+                "pipeline=graphed: a batch's bag sizes (KJT lengths) differ from those of the batch the step was "
+                "captured with; replays need fixed bag sizes: use data.multi_hot=true (or 1-hot ids) with a "
+                "loader of fixed bags, or pipeline=sparse_dist"
+            )
+
+    @contextlib.contextmanager
+    def _from_held_input_dist(self) -> Iterator[None]:
+        """The sharded module's forward, for the duration, is the lookup and output dist of the held input dist."""
+        module, ctx, held = self._sharded, self._ctx, self._dist
+        module.forward = lambda *args, **kwargs: module.compute_and_output_dist(ctx, held)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            del module.forward
