@@ -262,6 +262,19 @@ class Trainer:
                 where,
                 self.device_data_bytes / 1e9,
             )
+        elif cfg.data.name == "criteo_binary" and self.multi_hot is not None:
+            on = data_mod.expand_on(cfg.data, info.device)
+            if on is not None:
+                self.multi_hot = self.multi_hot.to(on)  # type: ignore[attr-defined]
+                if on.type != "cpu":
+                    self.device_data_bytes = self.multi_hot.device_nbytes()  # type: ignore[attr-defined]
+            if self.device_data_bytes:
+                log.info(
+                    "on-the-fly multi-hot expanded on %s from expansion tables kept there (%.2f GB, left out of the "
+                    "planner's HBM)",
+                    info.device,
+                    self.device_data_bytes / 1e9,
+                )
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
         if self.steps_per_epoch == 0:
             raise ConfigError(

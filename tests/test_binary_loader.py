@@ -82,9 +82,11 @@ def test_multi_hot_equals_reference_procedure(ds: Path) -> None:
             base += m
 
 
-@pytest.mark.parametrize("mode", ["one_hot", "materialized", "on_the_fly"])
+@pytest.mark.parametrize("mode", ["one_hot", "materialized", "on_the_fly", "on_the_fly_on_device"])
 def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
-    """Every rank's batches hold exactly the rows the in-memory Split path gives (dense, labels, KJT)."""
+    """Every rank's batches hold exactly the rows the in-memory Split path gives (dense, labels, KJT), also when
+    the on-the-fly multi-hot is expanded by ``BatchReader.expand`` (``data.multi_hot_on_device``: here its torch
+    gather on the CPU; on CUDA the same code on the GPU) instead of in the loader."""
     train, val, test = B.load_splits(str(ds), ROWS, None, multi_hot_files=mode == "materialized", prefetch=2)
     days = whole(ds)
     mem = D.Split(
@@ -94,7 +96,9 @@ def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
         "train",
     )
     meta = B.read_meta(str(ds))
-    bmh = None if mode == "one_hot" else B.make_multi_hot(str(ds), meta, mode, SIZES, 0)
+    bmh = None if mode == "one_hot" else B.make_multi_hot(str(ds), meta, mode.replace("_on_device", ""), SIZES, 0)
+    if mode == "on_the_fly_on_device":
+        bmh = bmh.to(torch.device("cpu"))
     mmh = None if mode == "one_hot" else D.MultiHot(ROWS, SIZES, 0)
     assert len(train) == 1255 and len(val) == 202 and len(test) == 201  # last day: ceil(403/2) validate
     world, gb = 2, 100
@@ -144,6 +148,20 @@ def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
             assert torch.equal(got.sparse_features.offsets().long(), want.sparse_features.offsets().long())
     # the batch crossing from day 0 into day 1 says so
     assert train.describe_rows(650, 750) == f"{ds} day_0 rows 650-699, day_1 rows 0-49"
+
+
+def test_eval_batches_expanded_by_the_consumer_equal_the_loaders(ds: Path) -> None:
+    _, val, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=False, prefetch=2)
+    meta = B.read_meta(str(ds))
+    host = B.make_multi_hot(str(ds), meta, "on_the_fly", SIZES, 0)
+    there = B.make_multi_hot(str(ds), meta, "on_the_fly", SIZES, 0).to(torch.device("cpu"))
+    kw = dict(batch_size=64, rank=1, world_size=2, feature_names=FEATURE_NAMES)
+    a, b = list(D.eval_batches(val, multi_hot=host, **kw)), list(D.eval_batches(val, multi_hot=there, **kw))
+    assert len(a) == len(b) == 2
+    for (x, wx), (y, wy) in zip(a, b):
+        assert torch.equal(wx, wy) and torch.equal(x.dense_features, y.dense_features)
+        assert torch.equal(x.sparse_features.values(), y.sparse_features.values())
+        assert torch.equal(x.sparse_features.offsets().long(), y.sparse_features.offsets().long())
 
 
 def test_eval_batches_pad_with_weight_zero_and_cover_each_row_once(ds: Path) -> None:

@@ -471,6 +471,13 @@ def assemble_on(data: DataConfig, device: torch.device) -> torch.device:
     return device if on else torch.device("cpu")
 
 
+def expand_on(data: DataConfig, device: torch.device) -> Optional[torch.device]:
+    """The device on which ``data=criteo_binary`` expands on-the-fly multi-hot (``data.multi_hot_on_device``;
+    null: on CUDA), or None: in the loader, on the host."""
+    on = data.multi_hot_on_device if data.multi_hot_on_device is not None else device.type == "cuda"
+    return device if on else None
+
+
 def make_multi_hot(data: DataConfig, model: ModelConfig) -> Optional[object]:
     """The multi-hot expander for ``data`` (None when ``data.multi_hot`` is false): :class:`MultiHot` for
     in-memory splits; for ``criteo_binary`` a ``binary.BinaryMultiHot`` (materialized files or on-the-fly

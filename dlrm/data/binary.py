@@ -41,7 +41,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -327,6 +327,27 @@ class BinaryMultiHot:
         self.mode, self.sizes, self.seed = mode, [int(m) for m in sizes], seed
         self.table_rows = [int(r) for r in table_rows]
         self.tables = tables
+        self.device: Optional[torch.device] = None
+        self.device_tables: List[Optional[torch.Tensor]] = []
+
+    def to(self, device: torch.device) -> "BinaryMultiHot":
+        """Expand on ``device`` (``data.multi_hot_on_device``): copy the on-the-fly expansion tables there (int32
+        ``[rows_t, m_t]`` per table with ``m_t > 1``); batches then leave the host with their 1-hot ids and are
+        expanded on ``device`` by :meth:`BatchReader.expand`, the same gather as on the host (on a cpu ``device``:
+        torch's gather in the consuming thread instead of numpy's in the loader). Materialized multi-hot is
+        returned unchanged."""
+        if self.mode != "on_the_fly":
+            return self
+        assert self.tables is not None
+        self.device = device
+        self.device_tables = [
+            None if t is None else torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in self.tables
+        ]
+        return self
+
+    def device_nbytes(self) -> int:
+        """Bytes of the expansion tables on the device (0 when expanding on the host)."""
+        return sum(t.numel() * t.element_size() for t in self.device_tables if t is not None)
 
 
 def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int) -> BinaryMultiHot:
@@ -372,6 +393,7 @@ class _Layout:
         self.lengths = torch.from_numpy(lengths)
         self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         self.total = self.offset_per_key[-1]
+        self.ones = torch.ones(NUM_SPARSE * b, dtype=torch.int32)  # 1-hot lengths (expanded on the device)
 
 
 class BatchReader:
@@ -422,6 +444,9 @@ class BatchReader:
         self.pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._layouts: Dict[int, _Layout] = {}
         self._rows_u32 = split.table_rows.astype(np.uint32)
+        # on-the-fly multi-hot expanded on the device: read() leaves the ids 1-hot, expand() builds the bags there
+        self.on_device = multi_hot is not None and multi_hot.device is not None
+        self._device_layouts: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _layout(self, b: int) -> _Layout:
         if b not in self._layouts:
@@ -453,9 +478,14 @@ class BatchReader:
         if mat:
             values_t = self._empty((lay.total,), torch.int32)
         else:
-            ids_t = torch.empty((NUM_SPARSE, b), dtype=torch.int32)
+            one_hot = self.mh is None or self.on_device
+            ids_t = (
+                self._empty((NUM_SPARSE, b), torch.int32)
+                if self.on_device
+                else torch.empty((NUM_SPARSE, b), dtype=torch.int32)
+            )
             ids = ids_t.numpy()
-            values_t = ids_t.view(-1) if self.mh is None else self._empty((lay.total,), torch.int32)
+            values_t = ids_t.view(-1) if one_hot else self._empty((lay.total,), torch.int32)
         values = values_t.numpy()
         pieces = self.split.locate(start, stop)
         if b > n:  # padding: split row 0 read once at position n, copied to the rest below
@@ -482,6 +512,12 @@ class BatchReader:
                 ids[:, pad] = ids[:, n : n + 1]
         if not mat:
             self._check(ids, pieces, "sparse")
+            if self.on_device:  # 1-hot ids leave the host; expand() builds the bags on the device
+                return Batch(
+                    dense_features=dense_t,
+                    sparse_features=KeyedJaggedTensor(keys=self.keys, values=values_t, lengths=self._layout(b).ones),
+                    labels=labels_t,
+                )
             if self.mh is not None:
                 mh_mod.expand_into(self.mh.tables, self.sizes, ids, values, lay.offset_per_key)
         kjt = KeyedJaggedTensor(
@@ -494,6 +530,42 @@ class BatchReader:
             offset_per_key=lay.offset_per_key,
         )
         return Batch(dense_features=dense_t, sparse_features=kjt, labels=labels_t)
+
+    def expand(self, batch: Batch) -> Batch:
+        """``batch`` from :meth:`read` with 1-hot ids (on-the-fly multi-hot on the device): copied to the device
+        (non-blocking from pinned memory) and its bags gathered there from the expansion tables, in the layout
+        :meth:`read` gives on the host (values int32, feature-major); the ids were range-checked on the host."""
+        mh = self.mh
+        assert mh is not None and mh.device is not None
+        dev = mh.device
+        b = batch.dense_features.shape[0]
+        lay = self._layout(b)
+        if b not in self._device_layouts:
+            self._device_layouts[b] = (lay.lengths.to(dev), lay.offsets.to(dev))
+        lengths, offsets = self._device_layouts[b]
+        ids = batch.sparse_features.values().to(dev, non_blocking=True).view(NUM_SPARSE, b)
+        values = torch.empty((lay.total,), dtype=torch.int32, device=dev)
+        for t, m in enumerate(self.sizes):
+            dst = values[lay.offset_per_key[t] : lay.offset_per_key[t + 1]]
+            table = mh.device_tables[t]
+            if table is None:
+                dst.copy_(ids[t])
+            else:
+                torch.index_select(table, 0, ids[t], out=dst.view(b, m))
+        kjt = KeyedJaggedTensor(
+            keys=self.keys,
+            values=values,
+            lengths=lengths,
+            offsets=offsets,
+            stride=b,
+            length_per_key=lay.length_per_key,
+            offset_per_key=lay.offset_per_key,
+        )
+        return Batch(
+            dense_features=batch.dense_features.to(dev, non_blocking=True),
+            sparse_features=kjt,
+            labels=batch.labels.to(dev, non_blocking=True),
+        )
 
     def _copy_multi_hot(self, p: _Piece, lo: int, cnt: int, off: int, values: np.ndarray, lay: _Layout) -> None:
         """Copy day rows ``[lo, lo + cnt)`` of ``p``'s materialized multi-hot into batch rows ``[off, off + cnt)``
@@ -598,6 +670,19 @@ def _prefetched(gen: Iterator[Any], depth: int) -> Iterator[Any]:
     return iter(Prefetcher(gen, depth)) if depth > 0 else gen
 
 
+def _expanded(fn: Callable[[Any], Any], it: Iterator[Any]) -> Iterator[Any]:
+    """``fn`` of each of ``it``'s items, in the consuming thread: the device work of
+    :meth:`BatchReader.expand` queues on that thread's current stream, in order with the training step. Closing
+    this closes ``it`` (a prefetching source stops its thread)."""
+    try:
+        for item in it:
+            yield fn(item)
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
 def train_batches(
     split: BinarySplit,
     *,
@@ -626,7 +711,8 @@ def train_batches(
                     yield reader.read(start + rank * size, start + (rank + 1) * size)
                 step += 1
 
-    return _prefetched(gen(), prefetch)
+    it = _prefetched(gen(), prefetch)
+    return _expanded(reader.expand, it) if reader.on_device else it
 
 
 def eval_batches(
@@ -659,7 +745,10 @@ def eval_batches(
             else:
                 yield reader.read(start, start + real, pad_to=batch_size), weight
 
-    return _prefetched(gen(), prefetch)
+    it = _prefetched(gen(), prefetch)
+    if not reader.on_device:
+        return it
+    return _expanded(lambda bw: (reader.expand(bw[0]), bw[1]), it)
 
 
 # ------------------------------------------------------------------------------------------ trainer entry
