@@ -1,15 +1,19 @@
 """Plan a job without training: the TorchRec planner on the meta device, for any world size, on any machine.
 
     python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=131.3 data.global_batch_size=65536
-    python -m dlrm.plan sharding=row_wise world_size=4 local_world_size=2 out=plan.json
+    python -m dlrm.plan sharding=row_wise world_size=4 local_world_size=2 out=plan.json --link-gbps 400
     python train.py sharding.plan_path=plan.json ...          # then train with exactly that plan
 
 Arguments are the trainer's Hydra overrides plus ``world_size=N`` (default 1), ``local_world_size=N`` (default:
-the world size, i.e. one host) and ``out=<file>`` (write ``plan.json``). ``device=cuda`` plans for GPUs
+the world size, i.e. one host), ``out=<file>`` (write ``plan.json``) and ``--link-gbps R`` (the link rate for
+the traffic times, Gb/s per direction per rank, within and across hosts). ``device=cuda`` plans for GPUs
 (``sharding.hbm_cap_gb`` is required where no GPU is visible); ``device=cpu`` or ``auto`` plans for this
 machine's kind. The per-rank batch is ``data.global_batch_size / world_size`` when set, else
-``data.batch_size``, as in the trainer. Prints the plan table and the estimated memory per rank; exits 2 with
-the message on a config or plan error. No process group and no table memory are needed: tables stay on meta.
+``data.batch_size``, as in the trainer. Prints the plan table and the estimated memory per rank, then the
+communication of one training step (``dlrm.traffic``): bytes per rank for the input dist's all-to-alls, the output
+dist and the all-reduces, and their time at ``--link-gbps``, or on CUDA without it at NVLink's rate on H200 (3600
+Gb/s = 450 GB/s) within a host and 400 Gb/s InfiniBand across hosts (no times for CPU jobs without it). Exits 2
+with the message on a config or plan error. No process group and no table memory are needed: tables stay on meta.
 """
 
 from __future__ import annotations
@@ -21,19 +25,40 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from dlrm.config import ConfigError, compose, to_config
+from dlrm.config import Config, ConfigError, compose, to_config
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
+from dlrm.traffic import dense_parameters, format_traffic, job_traffic, link_rates
 
 OWN_KEYS = ("world_size", "local_world_size", "out")
+LINK_FLAG = "--link-gbps"
 
 
 def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
+    """``key=value`` of :data:`OWN_KEYS` and ``--link-gbps R`` (or ``--link-gbps=R``) apart from the overrides.
+
+    Raises:
+        ConfigError: ``--link-gbps`` without a positive number after it.
+    """
     own, overrides = {}, []
-    for a in argv:
+    args = list(argv)
+    while args:
+        a = args.pop(0)
         key, eq, value = a.partition("=")
-        if eq and key in OWN_KEYS:
+        if key == LINK_FLAG:
+            value = value if eq else (args.pop(0) if args else "")
+            try:
+                rate = float(value)
+            except ValueError:
+                rate = 0.0
+            if not rate > 0:
+                raise ConfigError(
+                    f"{LINK_FLAG}: got {value!r}; give the link rate in Gb/s per direction per rank, e.g. "
+                    f"{LINK_FLAG} 400 (400 Gb/s InfiniBand) or 3600 (NVLink on H200, 450 GB/s)"
+                )
+            own["link_gbps"] = rate
+        elif eq and key in OWN_KEYS:
             own[key] = value
         else:
             overrides.append(a)
@@ -46,6 +71,13 @@ def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Op
     Raises:
         ConfigError / PlanError: a bad config or an impossible plan; the message names the key or table.
     """
+    return _plan_job(overrides, world_size, local_world_size)[0]
+
+
+def _plan_job(
+    overrides: Sequence[str], world_size: int, local_world_size: Optional[int]
+) -> Tuple[PlanInfo, Config, torch.nn.Module, int]:
+    """:func:`plan_job`, also returning the config, the model (tables on meta) and the batch per rank."""
     cfg = to_config(compose(list(overrides)))
     if world_size < 1:
         raise ConfigError("config key `world_size`: must be >= 1")
@@ -66,7 +98,7 @@ def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Op
         f"t_{f}": float(m if cfg.data.multi_hot else 1) for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)
     }
     tables = table_configs(cfg.model)
-    return plan_model(
+    pi = plan_model(
         model,
         cfg.sharding,
         world_size=world_size,
@@ -77,6 +109,7 @@ def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Op
         pooling_factors=pooling,
         constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
     )
+    return pi, cfg, model, batch
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -88,9 +121,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         return 0
-    own, overrides = _split_args(args)
     try:
-        pi = plan_job(
+        own, overrides = _split_args(args)
+        pi, cfg, model, batch = _plan_job(
             overrides,
             int(own.get("world_size", 1)),
             int(own["local_world_size"]) if "local_world_size" in own else None,
@@ -99,6 +132,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_plan(pi))
+    traffic = job_traffic(
+        cfg,
+        pi.plan,
+        dense_params=dense_parameters(model),
+        world_size=pi.world_size,
+        local_world_size=pi.local_world_size,
+        batch_size=batch,
+    )
+    print(format_traffic(traffic, *link_rates(pi.compute_device, own.get("link_gbps"))))
     if "out" in own:
         save_plan(pi, own["out"])
         print(f"wrote {own['out']} (train with it: sharding.plan_path={own['out']})")

@@ -6,11 +6,12 @@ embeddings without TorchRec's staging copy (``perf.lean_output_dist``, :mod:`dlr
 DCN's residual stream in the autocast dtype (``perf.dcn_residual_dtype``, :mod:`dlrm.model`). torch has no public
 name for a few more: the pinned-copy helpers of ``torch.distributed.checkpoint`` (:mod:`dlrm.checkpoint`), the
 sharding-spec classes a loaded ``plan.json`` is rebuilt from (:mod:`dlrm.sharding`), dynamo's settings for a
-compiled step under DDP and TorchRec's fx trace (:mod:`dlrm.perf`), and the autograd engine's end-of-backward
-callback (:mod:`dlrm.comms`). Every one of them is reached through a function of this module and listed in
-:data:`PRIVATE_NAMES`; no other module of the project touches them. ``tests/test_torchrec_compat.py`` checks
-each one by behaviour (it exists and does what the trainer relies on), so a TorchRec or torch upgrade that
-changes one fails there, naming it.
+compiled step under DDP and TorchRec's fx trace (:mod:`dlrm.perf`), the autograd engine's end-of-backward callback
+(:mod:`dlrm.comms`), and the dispatch mode that sees every collective a step issues (what ``tests/test_traffic.py``
+checks :mod:`dlrm.traffic` against). Every one of them is reached through a function of
+this module and listed in :data:`PRIVATE_NAMES`; no other module of the project touches them.
+``tests/test_torchrec_compat.py`` checks each one by behaviour (it exists and does what the trainer relies on), so
+a TorchRec or torch upgrade that changes one fails there, naming it.
 
 Importing this module checks the installed TorchRec against :data:`SUPPORTED_TORCHREC` (the versions these names
 were verified on: 1.6.x with torch 2.11 on H200, 1.8.x with torch 2.13 on CPU) and refuses any other with one
@@ -19,7 +20,9 @@ message naming both.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import contextlib
+import dataclasses
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -64,6 +67,9 @@ PRIVATE_NAMES: Dict[str, str] = {
     "torch.autograd.Variable._execution_engine.queue_callback": "run a function at the end of the backward pass",
     "torch.cuda._sleep": "a kernel that spins for a number of GPU cycles (the bench's GPU probe)",
     "torch.distributed.checkpoint.filesystem._StorageInfo.relative_path": "the file a DCP write result went to",
+    "torch.utils._python_dispatch.TorchDispatchMode": "sees every c10d collective, C++ callers (DDP) included",
+    "c10d::_reduce_scatter_base_": "the op behind dist.reduce_scatter_tensor (args: output, input, group)",
+    "c10d::_allgather_base_": "the op behind dist.all_gather_into_tensor (args: output, input, group)",
 }
 
 
@@ -290,3 +296,67 @@ def queue_end_of_backward_callback(fn: Callable[[], None]) -> None:
 def gpu_spin(cycles: int) -> None:
     """Queue a kernel on the current CUDA stream that spins for ``cycles`` GPU clock cycles."""
     torch.cuda._sleep(int(cycles))
+
+
+# ------------------------------------------------------------------------------------------------ collectives
+@dataclasses.dataclass(frozen=True)
+class CollectiveCall:
+    """One c10d collective as issued: ``op`` (``all_to_all``, ``reduce_scatter``, ``all_gather``, ``all_reduce``,
+    else the c10d op's name), the size of its process group, the dtype name, and the bytes of the tensor(s) the
+    rank passes in and gets back (an all-reduce: the same tensor; another op: every tensor argument, sent)."""
+
+    op: str
+    group_size: int
+    dtype: str
+    send_bytes: int
+    recv_bytes: int
+
+
+# c10d op -> (name, the argument index of the tensor received, of the tensor sent); all-reduce works in place
+_C10D_OPS = {
+    "c10d::alltoall_base_": ("all_to_all", 0, 1),
+    "c10d::_reduce_scatter_base_": ("reduce_scatter", 0, 1),
+    "c10d::_allgather_base_": ("all_gather", 0, 1),
+    "c10d::allreduce_": ("all_reduce", 0, 0),
+}
+
+
+def _nbytes(x: Any) -> int:
+    ts = x if isinstance(x, (list, tuple)) else [x]
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
+
+
+@contextlib.contextmanager
+def record_collectives() -> Iterator[List[CollectiveCall]]:
+    """Record every c10d collective this thread issues inside the block (the list fills as they are issued),
+    through torch's dispatcher: ``torch.distributed`` calls, TorchRec's and the C++ ones DDP's reducer makes. For
+    eager code; nothing changes in what runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: List[CollectiveCall] = []
+
+    class _Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+            if func.namespace == "c10d":
+                calls.append(_collective_call(func.name(), args))
+            return func(*args, **(kwargs or {}))
+
+    with _Recorder():
+        yield calls
+
+
+def _collective_call(name: str, args: Tuple[Any, ...]) -> CollectiveCall:
+    group = 0
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                group = dist.ProcessGroup.unbox(a).size()
+                break
+            except (RuntimeError, TypeError):  # another script object (a ReduceOp)
+                continue
+    tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
+    dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else ""
+    if name in _C10D_OPS:
+        op, recv, send = _C10D_OPS[name]
+        return CollectiveCall(op, group, dtype, _nbytes(args[send]), _nbytes(args[recv]))
+    return CollectiveCall(name, group, dtype, _nbytes(tensors), 0)

@@ -12,6 +12,7 @@ import torch
 
 import dlrm.data as D
 from conftest import REPO, run_gloo
+from dlrm import traffic
 from dlrm.config import DataConfig, InputError, ModelConfig, compose, to_config
 from dlrm.data import binary as B
 from dlrm.data import multihot as MH
@@ -146,6 +147,11 @@ def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
             assert torch.equal(got.sparse_features.values().long(), want.sparse_features.values())
             assert torch.equal(got.sparse_features.lengths(), want.sparse_features.lengths())
             assert torch.equal(got.sparse_features.offsets().long(), want.sparse_features.offsets().long())
+            # the KJT dtypes dlrm.traffic counts: int32 ids from the binary format, int64 in memory; int32 lengths
+            assert got.sparse_features.values().element_size() == traffic.ID_BYTES["criteo_binary"]
+            assert want.sparse_features.values().element_size() == traffic.DEFAULT_ID_BYTES
+            assert got.sparse_features.lengths().element_size() == traffic.LENGTH_BYTES
+            assert want.sparse_features.lengths().element_size() == traffic.LENGTH_BYTES
     # the batch crossing from day 0 into day 1 says so
     assert train.describe_rows(650, 750) == f"{ds} day_0 rows 650-699, day_1 rows 0-49"
 

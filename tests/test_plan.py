@@ -29,6 +29,7 @@ from dlrm.sharding import (
     save_plan,
     tables_of,
 )
+from dlrm.traffic import dense_parameters, job_traffic
 
 SMALL = ["model.row_cap=64"]
 H200 = [
@@ -129,6 +130,19 @@ def test_mlperf_dlrm_v2_on_8_h200() -> None:
     weights_and_adagrad = 204_184_588 * 128 * 4 * 2
     assert sum(hbm) >= weights_and_adagrad  # estimates include the element-wise Adagrad state
     assert max(hbm) <= 0.95 * 131.3 * GiB  # within the storage reservation
+    # its traffic: 8192 samples per rank, 214 int64 ids each (synthetic data); 24 table_wise bags to their ranks
+    # and 2 row_wise bags to all 8; the pooled gradients of 24 x 128 columns back, an all-gather of 2 x 128
+    dense = dense_parameters(build_model(cfg.model, dense_device=torch.device("meta")))
+    tr = job_traffic(cfg, pi.plan, dense_params=dense, world_size=8, local_world_size=8, batch_size=8192)
+    types = {(s["table"], s["sharding_type"]) for s in pi.shards}
+    assert sorted(t for _, t in types).count("row_wise") == 2 and dense == 16_044_545
+    for r in range(8):
+        sent = {m.tensor + " " + m.stage: m.send_bytes for m in tr.of_rank(r) if m.sharding_type in ("all", "dense")}
+        assert sent == {"splits input dist": 8 * 3 * 2 * 8, "dense gradients all-reduce": dense * 4}
+        by = [
+            sum(m.send_bytes for m in tr.of_rank(r) if m.tensor == t) for t in ("lengths", "values", "pooled gradients")
+        ]
+        assert by == [(24 + 2 * 8) * 8192 * 4, 214 * 8192 * 8, 8192 * 24 * 128 * 4 + 8192 * 256 * 4]
 
 
 @pytest.mark.parametrize(
@@ -300,6 +314,8 @@ def test_plan_command_prints_table_and_writes_json(tmp_path: Path) -> None:
             "world_size=4",
             "local_world_size=2",
             f"out={out}",
+            "--link-gbps",
+            "400",
         ],
         cwd=REPO,
         capture_output=True,
@@ -329,6 +345,15 @@ def test_plan_command_prints_table_and_writes_json(tmp_path: Path) -> None:
     row = next(line for line in lines if line.startswith("t_cat_0 "))
     assert row.split()[:5] == ["t_cat_0", "row_wise", "fused", "0-3", "4x[16,16]"]
     assert sum(line.startswith("  rank ") for line in lines) == 4
+    # the traffic table: 256 samples per rank; 26 bags to each of 4 ranks (int32), 214 int64 ids; the reduce-scatter
+    # of [1024, 26 x 16] fp32 partial sums, the all-gather of [256, 416]; 117,569 dense gradients. At 400 Gb/s: 3/4
+    # of the lengths, ids, reduce-scatter and all-gather and 3/2 of the all-reduce leave each rank, 3.67 MB: 73 us
+    i = lines.index(next(line for line in lines if line.startswith("traffic per training step (256 samples")))
+    assert lines[i + 3].split()[:2] == ["row_wise", "26"]
+    assert lines[i + 4] == "all-reduce: 117,569 dense gradients (fp32)"
+    assert lines[i + 5].endswith("their time at 400 Gb/s (50 GB/s, InfiniBand) per link:")
+    want = "96 B 104.00 KiB 428.00 KiB 1.62 MiB 416.00 KiB 459.25 KiB 3.00 MiB 3.50 MiB 0.07 ms".split()
+    assert [line.split()[1:] for line in lines[i + 8 : i + 12]] == [want] * 4
     assert json.loads(out.read_text())["world_size"] == 4
     bad = subprocess.run(
         [sys.executable, "-m", "dlrm.plan", *SMALL, "+sharding.constraints.t_x.min_partition=4"],
@@ -365,6 +390,7 @@ def test_trainer_prints_and_saves_the_plan_and_reuses_it(tmp_path: Path) -> None
     )
     assert p1.returncode == 0, p1.stdout + p1.stderr
     assert "sharding plan (planner) for 1 ranks" in p1.stdout
+    assert "deduplicated): one rank, no collectives." in p1.stdout  # the traffic beside the plan
     assert "t_cat_0   column_wise" in p1.stdout
     saved = json.loads((d1 / "plan.json").read_text())
     assert {t["sharding_type"] for t in saved["tables"]} == {"column_wise"}
@@ -385,6 +411,15 @@ def test_trainer_prints_and_saves_the_plan_and_reuses_it(tmp_path: Path) -> None
         for d in (d1, d2)
     ]
     assert len(losses[0]) == 2 and losses[0] == losses[1]  # same plan, same seed: the same run
+
+
+@pytest.mark.parametrize("args", [["--link-gbps", "fast"], ["--link-gbps=0"], ["--link-gbps"]])
+def test_bad_link_rate_is_one_error_line(args: List[str], capsys: pytest.CaptureFixture) -> None:
+    from dlrm.plan import main
+
+    assert main([*SMALL, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --link-gbps: got ") and err.count("\n") == 1 and "Gb/s per direction" in err
 
 
 @pytest.mark.parametrize(

@@ -2,15 +2,16 @@
 
 Each entry of ``PRIVATE_NAMES`` has a behavioural check here (``CHECKS`` names them, and a test fails when an entry
 has none): a real sharded EmbeddingBagCollection on 2 gloo ranks (table_wise, table_row_wise and grid_shard tables)
-builds its input and output dists through the hooks, a LowRankCrossNet reports its layers, the fx-trace flag
-flips inside a trace, the state-dict helpers copy a sharded state dict, and so on. A TorchRec or torch upgrade that
-changes one of them fails here, naming it.
+builds its input and output dists through the hooks and its collectives are recorded, a LowRankCrossNet reports
+its layers, the fx-trace flag flips inside a trace, the state-dict helpers copy a sharded state dict, and so on. A
+TorchRec or torch upgrade that changes one of them fails here, naming it.
 
     .venv/bin/python -m pytest -q tests/test_torchrec_compat.py
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Dict, List
 
 import pytest
@@ -94,6 +95,12 @@ def _sharded_worker(rank: int, world: int) -> Dict[str, Any]:
     out["a2a_fields"] = [
         (f.pg.size(), list(f.dim_sum_per_rank), f.codecs is None, isinstance(f.callbacks, list)) for f in fields
     ]
+    # every collective of a forward and backward is recorded, the C++ ones DDP's reducer issues too
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
+    with compat.record_collectives() as calls:
+        dmp(kjt).values().sum().backward()
+        ddp(torch.ones(2, 4)).sum().backward()
+    out["collectives"] = calls
     # the pinned-copy helpers of DCP on this sharded state dict (no pinning on a CPU-only machine)
     sd = dmp.state_dict()
     cpu = compat.create_cpu_state_dict(sd, pin_memory=False)
@@ -133,6 +140,21 @@ def _check_pooled_a2a(results: List[Dict[str, Any]]) -> None:
         size, dims, no_codecs, callbacks_list = tw[0]
         # t_cat_0 lives whole on one rank: its dim on that rank, 0 on the other; no codecs; a callback list
         assert sorted(dims) == [0, DIM] and no_codecs and callbacks_list, (rank, tw)
+
+
+def _check_record_collectives(results: List[Dict[str, Any]]) -> None:
+    """One forward and backward of the 3 tables on 2 ranks (one host), 2 samples per rank: 3 input dists of 3
+    all-to-alls each, table_wise's pooled all-to-all each way, table_row_wise's and grid_shard's reduce-scatter
+    forward and all-gather backward within the host (their cross-host all-to-all has one rank: none), and DDP's
+    all-reduce of the Linear(4, 3)'s 15 fp32 gradients."""
+    for r in results:
+        calls = r["collectives"]
+        ops = Counter((c.op, c.group_size) for c in calls)
+        assert ops == {("all_to_all", 2): 11, ("reduce_scatter", 2): 2, ("all_gather", 2): 2, ("all_reduce", 2): 1}, ops
+        # [4 samples, 8] fp32 partial sums reduce-scattered into [2, 8]; the gradient all-gathered back
+        assert {(c.send_bytes, c.recv_bytes) for c in calls if c.op == "reduce_scatter"} == {(128, 64)}
+        assert {(c.send_bytes, c.recv_bytes) for c in calls if c.op == "all_gather"} == {(64, 128)}
+        assert [(c.dtype, c.send_bytes) for c in calls if c.op == "all_reduce"] == [("float32", 60)]
 
 
 def _check_state_dict_utils(results: List[Dict[str, Any]]) -> None:
@@ -273,8 +295,17 @@ CHECKS = {
     "torch.autograd.Variable._execution_engine.queue_callback": _check_end_of_backward_callback,
     "torch.cuda._sleep": _check_gpu_spin,
     "torch.distributed.checkpoint.filesystem._StorageInfo.relative_path": _check_written_files,
+    "torch.utils._python_dispatch.TorchDispatchMode": _check_record_collectives,
+    "c10d::_reduce_scatter_base_": _check_record_collectives,
+    "c10d::_allgather_base_": _check_record_collectives,
 }
-NEEDS_SHARDED = {_check_input_dist, _check_output_dist, _check_pooled_a2a, _check_state_dict_utils}
+NEEDS_SHARDED = {
+    _check_input_dist,
+    _check_output_dist,
+    _check_pooled_a2a,
+    _check_state_dict_utils,
+    _check_record_collectives,
+}
 
 
 def test_every_private_name_has_a_behavioural_check() -> None:
