@@ -226,3 +226,4 @@ def test_mlperf_experiment_is_the_closed_recipe() -> None:
         0,
     )
     assert (c.eval.per_epoch, c.eval.every_n_steps, c.eval.target_auc) == (20, None, 0.80275)
+    assert c.logger.mlperf.enabled and c.logger.stdout.enabled and c.eval.auc_method == "auto"
