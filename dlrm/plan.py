@@ -29,7 +29,7 @@ from dlrm.config import Config, ConfigError, compose, to_config
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
-from dlrm.traffic import dense_parameters, format_traffic, job_traffic, link_rates
+from dlrm.traffic import traffic_report
 
 OWN_KEYS = ("world_size", "local_world_size", "out")
 LINK_FLAG = "--link-gbps"
@@ -132,15 +132,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_plan(pi))
-    traffic = job_traffic(
-        cfg,
-        pi.plan,
-        dense_params=dense_parameters(model),
-        world_size=pi.world_size,
-        local_world_size=pi.local_world_size,
-        batch_size=batch,
+    print(
+        traffic_report(
+            cfg,
+            pi.plan,
+            model,
+            world_size=pi.world_size,
+            local_world_size=pi.local_world_size,
+            batch_size=batch,
+            device_type=pi.compute_device,
+            link_gbps=own.get("link_gbps"),
+        )
     )
-    print(format_traffic(traffic, *link_rates(pi.compute_device, own.get("link_gbps"))))
     if "out" in own:
         save_plan(pi, own["out"])
         print(f"wrote {own['out']} (train with it: sharding.plan_path={own['out']})")

@@ -678,3 +678,28 @@ def link_rates(device_type: str, link_gbps: Optional[float]) -> Tuple[Optional[f
     if device_type == "cuda":
         return NVLINK_H200_GBPS, IB_400_GBPS
     return None, None
+
+
+def traffic_report(
+    cfg: object,
+    plan: object,
+    model: torch.nn.Module,
+    *,
+    world_size: int,
+    local_world_size: int,
+    batch_size: int,
+    device_type: str,
+    link_gbps: Optional[float] = None,
+) -> str:
+    """:func:`format_traffic` of :func:`job_traffic` for ``model`` (its dense parameters counted by
+    :func:`dense_parameters`) at the rates of :func:`link_rates`: what ``python -m dlrm.plan`` prints and the
+    trainer logs at start-up."""
+    traffic = job_traffic(
+        cfg,
+        plan,
+        dense_params=dense_parameters(model),
+        world_size=world_size,
+        local_world_size=local_world_size,
+        batch_size=batch_size,
+    )
+    return format_traffic(traffic, *link_rates(device_type, link_gbps))

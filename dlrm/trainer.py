@@ -51,7 +51,7 @@ from dlrm.pipeline import build_pipeline, check_pipeline_device
 from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, seed_tables, shard
-from dlrm.traffic import dense_parameters, format_traffic, job_traffic, link_rates
+from dlrm.traffic import traffic_report
 
 log = logging.getLogger(__name__)
 
@@ -336,15 +336,16 @@ class Trainer:
         log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
-            traffic = job_traffic(
+            report = traffic_report(
                 cfg,
                 self.plan,
-                dense_params=dense_parameters(model),
+                model,
                 world_size=info.world_size,
                 local_world_size=info.local_world_size,
                 batch_size=self.batch_size,
+                device_type=info.device.type,
             )
-            log.info("%s", format_traffic(traffic, *link_rates(info.device.type, None)))
+            log.info("%s", report)
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
         log.info(
             "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
