@@ -2,6 +2,8 @@
 
     python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=131.3 data.global_batch_size=65536
     python -m dlrm.plan sharding=row_wise world_size=4 local_world_size=2 out=plan.json --link-gbps 400
+    python -m dlrm.plan experiment=mlperf_dlrmv2 data.dataset_dir=DIR perf=fast world_size=8 device=cuda \
+        sharding.hbm_cap_gb=131.3 --estimate      # + an estimate of one MLPerf epoch and the time to the target
     python train.py sharding.plan_path=plan.json ...          # then train with exactly that plan
 
 Arguments are the trainer's Hydra overrides plus ``world_size=N`` (default 1), ``local_world_size=N`` (default:
@@ -14,6 +16,8 @@ communication of one training step (``dlrm.traffic``): bytes per rank for the in
 dist and the all-reduces, and their time at ``--link-gbps``, or on CUDA without it at NVLink's rate on H200 (3600
 Gb/s = 450 GB/s) within a host and 400 Gb/s InfiniBand across hosts (no times for CPU jobs without it). Exits 2
 with the message on a config or plan error. No process group and no table memory are needed: tables stay on meta.
+``--estimate`` adds :mod:`dlrm.estimate`'s estimate of one MLPerf epoch and the time to AUC 0.80275 on
+``world_size`` H200s (the step's compute from measured one-GPU figures of ``perf=fast``, or ``--step-ms X``).
 """
 
 from __future__ import annotations
@@ -25,28 +29,45 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from dlrm import estimate as est
 from dlrm.config import Config, ConfigError, compose, to_config
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
-from dlrm.traffic import traffic_report
+from dlrm.traffic import dense_parameters, job_traffic, link_rates, traffic_report
 
 OWN_KEYS = ("world_size", "local_world_size", "out")
 LINK_FLAG = "--link-gbps"
+ESTIMATE_FLAG = "--estimate"
+STEP_MS_FLAG = "--step-ms"
 
 
 def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
-    """``key=value`` of :data:`OWN_KEYS` and ``--link-gbps R`` (or ``--link-gbps=R``) apart from the overrides.
+    """``key=value`` of :data:`OWN_KEYS`, ``--link-gbps R`` (or ``--link-gbps=R``), ``--estimate`` and
+    ``--step-ms X`` apart from the overrides.
 
     Raises:
-        ConfigError: ``--link-gbps`` without a positive number after it.
+        ConfigError: ``--link-gbps`` or ``--step-ms`` without a positive number after it.
     """
     own, overrides = {}, []
     args = list(argv)
     while args:
         a = args.pop(0)
         key, eq, value = a.partition("=")
-        if key == LINK_FLAG:
+        if key == ESTIMATE_FLAG and not eq:
+            own["estimate"] = True
+        elif key == STEP_MS_FLAG:
+            value = value if eq else (args.pop(0) if args else "")
+            try:
+                own["step_ms"] = float(value)
+            except ValueError:
+                own["step_ms"] = 0.0
+            if not own["step_ms"] > 0:
+                raise ConfigError(
+                    f"{STEP_MS_FLAG}: got {value!r}; give the ms of one training step per GPU at this per-GPU "
+                    "batch, measured without collectives (bench.throughput on one GPU)"
+                )
+        elif key == LINK_FLAG:
             value = value if eq else (args.pop(0) if args else "")
             try:
                 rate = float(value)
@@ -112,6 +133,35 @@ def _plan_job(
     return pi, cfg, model, batch
 
 
+def _estimate(cfg: Config, pi: PlanInfo, model: torch.nn.Module, batch: int, own: dict) -> str:
+    """The ``--estimate`` block (:mod:`dlrm.estimate`) for this plan: the step's compute from ``--step-ms`` or
+    the measured one-GPU figures (``pipeline=graphed`` on one rank only), its collectives from ``dlrm.traffic``.
+
+    Raises:
+        ValueError: no measured figure for this config and no ``--step-ms``.
+    """
+    traffic = job_traffic(
+        cfg,
+        pi.plan,
+        dense_params=dense_parameters(model),
+        world_size=pi.world_size,
+        local_world_size=pi.local_world_size,
+        batch_size=batch,
+    )
+    intra, inter = link_rates("cuda", own.get("link_gbps"))
+    assert intra is not None and inter is not None
+    comm_ms = traffic.step_seconds(intra, inter) * 1e3
+    if "step_ms" in own:
+        compute, source = own["step_ms"], f"{STEP_MS_FLAG}"
+    else:
+        graphed = cfg.pipeline.name == "graphed" and pi.world_size == 1
+        if cfg.perf.name != "fast":
+            raise ValueError(f"measured figures are for perf=fast (this config: perf={cfg.perf.name}); give --step-ms")
+        compute = est.step_ms(cfg.optimizer.sparse_type, graphed, batch)
+        source = f"perf=fast{' pipeline=graphed' if graphed else ''} on one H200, measured"
+    return est.format_estimate(est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms), source)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # TorchRec's planner warns about meta-device dry runs and direct Topology construction: noise here.
     logging.basicConfig(level=logging.ERROR)
@@ -144,6 +194,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             link_gbps=own.get("link_gbps"),
         )
     )
+    if own.get("estimate"):
+        try:
+            print(_estimate(cfg, pi, model, batch, own))
+        except ValueError as e:
+            print(f"error: {ESTIMATE_FLAG}: {e}", file=sys.stderr)
+            return 2
     if "out" in own:
         save_plan(pi, own["out"])
         print(f"wrote {own['out']} (train with it: sharding.plan_path={own['out']})")

@@ -1,0 +1,56 @@
+"""``dlrm.estimate`` and ``python -m dlrm.plan ... --estimate``: the arithmetic by hand, the interpolation, the
+CLI block and its errors.
+
+    .venv/bin/python -m pytest -q tests/test_estimate.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrm import estimate as est
+from dlrm.plan import main
+
+
+def test_epoch_and_target_by_hand() -> None:
+    e = est.estimate(65536, 8, compute_ms=8.0, comm_ms=1.0)
+    assert e.steps_per_epoch == 64013 and e.per_gpu_batch == 8192  # 4,195,197,692 // 65,536
+    evals = 20 * 89_137_319 / (8 * 5.2e6)  # 42.85 s of evaluation per epoch
+    assert e.eval_per_epoch == pytest.approx(evals, rel=1e-12)
+    assert e.epoch_low == pytest.approx(64013 * 0.008 + evals, rel=1e-12)
+    assert e.epoch_high == pytest.approx(64013 * 0.009 + evals, rel=1e-12)
+    assert e.target_high == pytest.approx(0.75 * (64013 * 0.009 + evals), rel=1e-12)
+    text = est.format_estimate(e, "given")
+    assert text.startswith("ESTIMATE (arithmetic on measured figures, not a measurement) for 8 x H200")
+    assert "8.00-9.00 ms" in text and "7.3-8.2 M samples/s" in text and "HugeCTR" in text
+
+
+def test_measured_step_is_interpolated_in_the_batch_and_bounded() -> None:
+    assert est.step_ms("adagrad", False, 8192) == 8.164
+    assert est.step_ms("adagrad", False, 16384) == pytest.approx(8.164 + (12.587 - 8.164) / 3, rel=1e-12)
+    with pytest.raises(ValueError, match="outside the measured 4096-65536; give --step-ms"):
+        est.step_ms("adagrad", True, 131072)
+    with pytest.raises(ValueError, match="no measured step for optimizer.sparse_type=sgd"):
+        est.step_ms("sgd", False, 8192)
+
+
+SMALL = ["model=dlrm_v2_small", "world_size=2", "device=cuda", "sharding.hbm_cap_gb=80", "data.global_batch_size=16384"]
+
+
+def test_plan_cli_prints_the_estimate(capsys: pytest.CaptureFixture) -> None:
+    assert main([*SMALL, "perf=fast", "optimizer.sparse_type=adagrad", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "ESTIMATE (arithmetic on measured figures, not a measurement) for 2 x H200, 8192 samples per GPU" in out
+    assert "8.16 ms compute (perf=fast on one H200, measured)" in out
+    assert main([*SMALL, "--estimate", "--step-ms", "5"]) == 0
+    assert "5.00 ms compute (--step-ms)" in capsys.readouterr().out
+
+
+def test_plan_cli_estimate_errors(capsys: pytest.CaptureFixture) -> None:
+    assert main([*SMALL, "--estimate"]) == 2  # perf=fp32: no measured figure
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "error: --estimate: measured figures are for perf=fast (this config: perf=fp32); give --step-ms"
+    )
+    assert main([*SMALL, "--estimate", "--step-ms", "x"]) == 2
+    assert "error: --step-ms: got 'x'" in capsys.readouterr().err
