@@ -31,7 +31,17 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-import scipy.sparse as sp
+
+try:
+    import scipy.sparse as sp
+    import sklearn  # noqa: F401
+except ImportError:  # scikit-learn (and scipy with it) comes with requirements.txt and the dev extra only
+    print(
+        "error: data/linear_baseline.py needs scikit-learn: pip install scikit-learn==1.9.1 (or the dev extra, "
+        "pip install -e '.[dev]')",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
