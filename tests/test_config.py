@@ -61,11 +61,12 @@ def test_criteo_sample_experiment_overrides_only_what_differs() -> None:
     cfg = to_config(compose(["experiment=criteo_sample", "data.train_path=a.tsv"]))
     assert (cfg.data.name, cfg.data.global_batch_size, cfg.data.multi_hot, cfg.trainer.epochs) == (
         "criteo_tsv",
-        128,
+        64,
         False,
         1,
     )
-    assert cfg.model.name == "dlrm_v2_small"
+    assert (cfg.optimizer.lr, cfg.optimizer.embedding_lr, cfg.optimizer.sparse_type) == (0.01, 0.01, "adagrad")
+    assert cfg.model == to_config(compose([])).model  # dlrm_v2_small as shipped
 
 
 @pytest.mark.parametrize(
