@@ -40,6 +40,7 @@ import math
 import os
 import queue
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -340,9 +341,11 @@ class BinaryMultiHot:
             return self
         assert self.tables is not None
         self.device = device
-        self.device_tables = [
-            None if t is None else torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in self.tables
-        ]
+        with warnings.catch_warnings():  # a read-only memory map: the tensor is only read, to copy it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.device_tables = [
+                None if t is None else torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in self.tables
+            ]
         return self
 
     def device_nbytes(self) -> int:
