@@ -38,6 +38,9 @@ def missing_shares(path: str) -> np.ndarray:
 
 
 def main(argv: list) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     if not argv:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2

@@ -108,6 +108,8 @@ def test_check_tsv_tool(tmp_path: Path) -> None:
     assert "missing I1..I13: 0.50 0.50" in ok.stdout and "missing C1..C26: 1.00" in ok.stdout
     fail = subprocess.run([sys.executable, "data/check_tsv.py", bad], cwd=REPO, capture_output=True, text=True)
     assert fail.returncode == 1 and "bad.tsv:2: label '7' is not 0 or 1" in fail.stderr
+    main = _check_tsv_main()
+    assert main(["--help"]) == 0 and main([]) == 2  # usage: printed on --help, an error without a file
 
 
 def _check_tsv_main():
