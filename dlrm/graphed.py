@@ -141,41 +141,36 @@ class GraphedTrainPipeline:
         self._exhausted = False
         self._steps = 0
         self._static: Optional[Batch] = None
-        self._lengths: Optional[torch.Tensor] = None
         self._gathers: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (held values, gather index)
         self._ctx: Any = None
         self._dist: Any = None
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         self._out: Tuple[torch.Tensor, ...] = ()
         self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
-        self._counted = True  # whether the dense step counters already count the next replay
         self._bad: Optional[torch.Tensor] = None
-        self.captured_at: Optional[int] = None  # the step (1-based) whose batch the graph was captured with
 
     # ------------------------------------------------------------------------------------------ interface
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, ...]:
         batch = self._take(it)
         self._steps += 1
-        fits = self._fits(batch)
-        if not fits or self._steps <= WARMUP_STEPS:
+        if not self._fits(batch) or self._steps <= WARMUP_STEPS:
             return self._eager_step(batch)
-        if self._static is None:  # the rehearsal, on the batch that becomes the input buffers
+        rehearsal = self._static is None  # on the batch that becomes the input buffers
+        if rehearsal:
             self._hold(batch)
-            self._optimizer.zero_grad()
-            return tuple(t.clone() for t in self._graph_step())
-        self._load(batch)
-        if self._steps % CHECK_EVERY == 0:
-            self._check_lengths()
-        if not self._capture:
+        else:
+            self._load(batch)
+            if self._steps % CHECK_EVERY == 0:
+                self.check_bag_sizes()
+        if rehearsal or not self._capture:
             self._optimizer.zero_grad()
             return tuple(t.clone() for t in self._graph_step())
         if self._graph is None:
-            self._record()
-        elif not self._counted:
+            self._record()  # capturing runs the step counters' host increment once, for this batch
+        else:
             for group in self._dense.param_groups:  # the step counters a replay does not advance
                 for p in group["params"]:
                     self._dense.state[p]["step"] += 1
-        self._counted = False
         assert self._graph is not None
         self._graph.replay()
         return tuple(t.clone() for t in self._out)
@@ -187,8 +182,12 @@ class GraphedTrainPipeline:
     def check_bag_sizes(self) -> None:
         """Raise :class:`dlrm.model.BatchError` if a batch since the last check had other bag sizes than the
         captured batch (one host sync; ``progress`` also checks every ``CHECK_EVERY`` steps)."""
-        if self._bad is not None:
-            self._check_lengths()
+        if self._bad is not None and bool(self._bad.item()):
+            raise BatchError(
+                "pipeline=graphed: a batch's bag sizes (KJT lengths) differ from those of the batch the step was "
+                "captured with; replays need fixed bag sizes: use data.multi_hot=true (or 1-hot ids) with a "
+                "loader of fixed bags, or pipeline=sparse_dist"
+            )
 
     # ------------------------------------------------------------------------------------------ steps
     def _eager_step(self, batch: Batch) -> Tuple[torch.Tensor, ...]:
@@ -235,8 +234,6 @@ class GraphedTrainPipeline:
             self._out = self._graph_step()
         self._grads = [p.grad for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
         self._graph = graph
-        self._counted = True  # capturing ran the counters' host increment for the first replay
-        self.captured_at = self._steps
         log.info("training step captured as a CUDA graph at step %d; replayed from here on", self._steps)
 
     # ------------------------------------------------------------------------------------------ batches
@@ -283,18 +280,16 @@ class GraphedTrainPipeline:
             sparse_features=KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=lengths),
             labels=batch.labels.clone(),
         )
-        self._lengths = lengths
         self._bad = torch.zeros((), dtype=torch.bool, device=values.device)
         self._ctx = self._sharded.create_context()
         self._dist = self._sharded.input_dist(self._ctx, self._static.sparse_features).wait().wait()
-        starts, pos = {}, 0
-        for key, n in zip(kjt.keys(), self._static.sparse_features.length_per_key()):
-            starts[key] = (pos, n)
-            pos += n
+        held_kjt = self._static.sparse_features
+        starts = dict(zip(kjt.keys(), held_kjt.offset_per_key()))
+        counts = dict(zip(kjt.keys(), held_kjt.length_per_key()))
         self._gathers = []
         for part in self._dist:
             index = torch.cat(
-                [torch.arange(starts[k][0], starts[k][0] + starts[k][1], device=values.device) for k in part.keys()]
+                [torch.arange(starts[k], starts[k] + counts[k], device=values.device) for k in part.keys()]
             )
             identity = index.numel() == values.numel() and bool(
                 torch.equal(index, torch.arange(index.numel(), device=index.device))
@@ -310,23 +305,14 @@ class GraphedTrainPipeline:
 
     def _load(self, batch: Batch) -> None:
         """Copy ``batch`` into the input buffers (ids into the held input dist's values)."""
-        assert self._static is not None and self._lengths is not None and self._bad is not None
+        assert self._static is not None and self._bad is not None
         kjt = batch.sparse_features
-        self._bad |= (kjt.lengths() != self._lengths).any()
+        self._bad |= (kjt.lengths() != self._static.sparse_features.lengths()).any()
         src = kjt.values()
         for held, index in self._gathers:
             held.copy_(src if index is None else src.index_select(0, index), non_blocking=True)
         self._static.dense_features.copy_(batch.dense_features, non_blocking=True)
         self._static.labels.copy_(batch.labels, non_blocking=True)
-
-    def _check_lengths(self) -> None:
-        assert self._bad is not None
-        if bool(self._bad.item()):
-            raise BatchError(
-                "pipeline=graphed: a batch's bag sizes (KJT lengths) differ from those of the batch the step was "
-                "captured with; replays need fixed bag sizes: use data.multi_hot=true (or 1-hot ids) with a "
-                "loader of fixed bags, or pipeline=sparse_dist"
-            )
 
     @contextlib.contextmanager
     def _from_held_input_dist(self) -> Iterator[None]:
