@@ -28,6 +28,7 @@ from dlrm.comms import AllReduceAfterOutputDist
 from dlrm.config import ConfigError, PerfConfig
 from dlrm.model import DLRMTrainAutocast, ZeroCopySparseArch
 from dlrm.output_dist import use_lean_output_dist
+from dlrm.sharding import sharding_types_of
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +124,6 @@ class PerfSetup:
     compiled: Optional[List[str]] = None  # perf.compile: what was compiled
 
 
-def _sharding_types(plan: ShardingPlan) -> List[str]:
-    return [ps.sharding_type for module_plan in plan.plan.values() for ps in module_plan.values()]  # type: ignore
-
-
 def apply_perf(
     dmp: torch.nn.Module,
     plan: ShardingPlan,
@@ -152,7 +149,7 @@ def apply_perf(
     setup = PerfSetup()
     train_model = dmp.module
     if perf.lean_output_dist and world_size > 1:
-        types = _sharding_types(plan)
+        types = sharding_types_of(plan)
         # rank blocks (no cat, no regrouping pass: the sparse arch gathers inside the dense step) need the sparse
         # arch that gathers them and whole tables per rank
         setup.rank_blocks = isinstance(train_model.model.sparse_arch, ZeroCopySparseArch) and all(

@@ -130,6 +130,11 @@ def fuse_embedding_optimizer(model: torch.nn.Module, opt: OptimizerConfig) -> No
     apply_optimizer_in_backward(cls, params, kwargs)
 
 
+def sharding_types_of(plan: ShardingPlan) -> List[str]:
+    """The sharding type of every table in ``plan`` (a ``ShardingPlan``), in plan order."""
+    return [ps.sharding_type for module_plan in plan.plan.values() for ps in module_plan.values()]  # type: ignore
+
+
 def dense_params(model: DistributedModelParallel) -> dict:
     """Parameters not updated in backward by a fused optimizer (the MLPs, and data_parallel tables)."""
     return dict(in_backward_optimizer_filter(model.named_parameters()))

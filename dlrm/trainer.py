@@ -50,8 +50,16 @@ from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_d
 from dlrm.pipeline import build_pipeline, check_pipeline_device
 from dlrm.profiling import StepProfiler
 from dlrm.schedule import lr_at, make_scheduler
-from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, save_plan, seed_tables, shard
-from dlrm.traffic import traffic_report
+from dlrm.sharding import (
+    dense_optimizer,
+    format_plan,
+    fused_params_of,
+    save_plan,
+    seed_tables,
+    shard,
+    sharding_types_of,
+)
+from dlrm.traffic import model_traffic, traffic_report
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +90,6 @@ class Built:
     pipeline: Any
     perf: PerfSetup  # what the perf levers switched on
     dense: Any = None  # the optimizer of the parameters not fused into the TBE backward (part of ``optimizer``)
-
-
-def has_data_parallel_tables(plan: ShardingPlan) -> bool:
-    """Whether ``plan`` replicates any table (``data_parallel``: trained by the dense optimizer, not a fused TBE)."""
-    return any(ps.sharding_type == "data_parallel" for mp in plan.plan.values() for ps in mp.values())  # type: ignore
 
 
 def build_training(
@@ -157,7 +160,9 @@ def build_training(
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
     # pipeline: semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
-    if cfg.pipeline.name == "graphed" and cfg.optimizer.sparse_type != "adagrad" and has_data_parallel_tables(plan):
+    # data_parallel tables are stepped by the dense optimizer, which the graph replaces by element-wise Adagrad
+    dp_tables = "data_parallel" in sharding_types_of(plan)
+    if cfg.pipeline.name == "graphed" and cfg.optimizer.sparse_type != "adagrad" and dp_tables:
         raise ConfigError(
             "config key `pipeline.name`: pipeline=graphed steps data_parallel tables with element-wise Adagrad "
             f"only, but optimizer.sparse_type={cfg.optimizer.sparse_type}; use optimizer.sparse_type=adagrad, a "
@@ -336,16 +341,15 @@ class Trainer:
         log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
         if info.is_main:
             log.info("%s", format_plan(self.model.plan_info))
-            report = traffic_report(
+            traffic = model_traffic(
                 cfg,
                 self.plan,
                 model,
                 world_size=info.world_size,
                 local_world_size=info.local_world_size,
                 batch_size=self.batch_size,
-                device_type=info.device.type,
             )
-            log.info("%s", report)
+            log.info("%s", traffic_report(traffic, info.device.type))
             save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
         log.info(
             "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
