@@ -34,7 +34,7 @@ from dlrm.config import Config, ConfigError, compose, to_config
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
-from dlrm.traffic import dense_parameters, job_traffic, link_rates, traffic_report
+from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
 
 OWN_KEYS = ("world_size", "local_world_size", "out")
 LINK_FLAG = "--link-gbps"
@@ -42,9 +42,24 @@ ESTIMATE_FLAG = "--estimate"
 STEP_MS_FLAG = "--step-ms"
 
 
+# flag -> (key in the parsed options, what to give when the value is not a positive number)
+NUMBER_FLAGS = {
+    LINK_FLAG: (
+        "link_gbps",
+        f"give the link rate in Gb/s per direction per rank, e.g. {LINK_FLAG} 400 (400 Gb/s InfiniBand) or 3600 "
+        "(NVLink on H200, 450 GB/s)",
+    ),
+    STEP_MS_FLAG: (
+        "step_ms",
+        "give the ms of one training step per GPU at this per-GPU batch, measured without collectives "
+        "(bench.throughput on one GPU)",
+    ),
+}
+
+
 def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
-    """``key=value`` of :data:`OWN_KEYS`, ``--link-gbps R`` (or ``--link-gbps=R``), ``--estimate`` and
-    ``--step-ms X`` apart from the overrides.
+    """``key=value`` of :data:`OWN_KEYS`, ``--link-gbps R`` / ``--step-ms X`` (or ``--flag=value``) and
+    ``--estimate`` apart from the overrides.
 
     Raises:
         ConfigError: ``--link-gbps`` or ``--step-ms`` without a positive number after it.
@@ -56,29 +71,16 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
         key, eq, value = a.partition("=")
         if key == ESTIMATE_FLAG and not eq:
             own["estimate"] = True
-        elif key == STEP_MS_FLAG:
+        elif key in NUMBER_FLAGS:
+            name, hint = NUMBER_FLAGS[key]
             value = value if eq else (args.pop(0) if args else "")
             try:
-                own["step_ms"] = float(value)
+                number = float(value)
             except ValueError:
-                own["step_ms"] = 0.0
-            if not own["step_ms"] > 0:
-                raise ConfigError(
-                    f"{STEP_MS_FLAG}: got {value!r}; give the ms of one training step per GPU at this per-GPU "
-                    "batch, measured without collectives (bench.throughput on one GPU)"
-                )
-        elif key == LINK_FLAG:
-            value = value if eq else (args.pop(0) if args else "")
-            try:
-                rate = float(value)
-            except ValueError:
-                rate = 0.0
-            if not rate > 0:
-                raise ConfigError(
-                    f"{LINK_FLAG}: got {value!r}; give the link rate in Gb/s per direction per rank, e.g. "
-                    f"{LINK_FLAG} 400 (400 Gb/s InfiniBand) or 3600 (NVLink on H200, 450 GB/s)"
-                )
-            own["link_gbps"] = rate
+                number = 0.0
+            if not number > 0:
+                raise ConfigError(f"{key}: got {value!r}; {hint}")
+            own[name] = number
         elif eq and key in OWN_KEYS:
             own[key] = value
         else:
@@ -133,26 +135,18 @@ def _plan_job(
     return pi, cfg, model, batch
 
 
-def _estimate(cfg: Config, pi: PlanInfo, model: torch.nn.Module, batch: int, own: dict) -> str:
+def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: dict) -> str:
     """The ``--estimate`` block (:mod:`dlrm.estimate`) for this plan: the step's compute from ``--step-ms`` or
     the measured one-GPU figures (``pipeline=graphed`` on one rank only), its collectives from ``dlrm.traffic``.
 
     Raises:
         ValueError: no measured figure for this config and no ``--step-ms``.
     """
-    traffic = job_traffic(
-        cfg,
-        pi.plan,
-        dense_params=dense_parameters(model),
-        world_size=pi.world_size,
-        local_world_size=pi.local_world_size,
-        batch_size=batch,
-    )
     intra, inter = link_rates("cuda", own.get("link_gbps"))
     assert intra is not None and inter is not None
     comm_ms = traffic.step_seconds(intra, inter) * 1e3
     if "step_ms" in own:
-        compute, source = own["step_ms"], f"{STEP_MS_FLAG}"
+        compute, source = own["step_ms"], STEP_MS_FLAG
     else:
         graphed = cfg.pipeline.name == "graphed" and pi.world_size == 1
         if cfg.perf.name != "fast":
@@ -182,21 +176,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_plan(pi))
-    print(
-        traffic_report(
-            cfg,
-            pi.plan,
-            model,
-            world_size=pi.world_size,
-            local_world_size=pi.local_world_size,
-            batch_size=batch,
-            device_type=pi.compute_device,
-            link_gbps=own.get("link_gbps"),
-        )
+    traffic = model_traffic(
+        cfg, pi.plan, model, world_size=pi.world_size, local_world_size=pi.local_world_size, batch_size=batch
     )
+    print(traffic_report(traffic, pi.compute_device, own.get("link_gbps")))
     if own.get("estimate"):
         try:
-            print(_estimate(cfg, pi, model, batch, own))
+            print(_estimate(cfg, pi, traffic, batch, own))
         except ValueError as e:
             print(f"error: {ESTIMATE_FLAG}: {e}", file=sys.stderr)
             return 2

@@ -680,21 +680,11 @@ def link_rates(device_type: str, link_gbps: Optional[float]) -> Tuple[Optional[f
     return None, None
 
 
-def traffic_report(
-    cfg: object,
-    plan: object,
-    model: torch.nn.Module,
-    *,
-    world_size: int,
-    local_world_size: int,
-    batch_size: int,
-    device_type: str,
-    link_gbps: Optional[float] = None,
-) -> str:
-    """:func:`format_traffic` of :func:`job_traffic` for ``model`` (its dense parameters counted by
-    :func:`dense_parameters`) at the rates of :func:`link_rates`: what ``python -m dlrm.plan`` prints and the
-    trainer logs at start-up."""
-    traffic = job_traffic(
+def model_traffic(
+    cfg: object, plan: object, model: torch.nn.Module, *, world_size: int, local_world_size: int, batch_size: int
+) -> StepTraffic:
+    """:func:`job_traffic` for ``model``, its dense parameters counted by :func:`dense_parameters`."""
+    return job_traffic(
         cfg,
         plan,
         dense_params=dense_parameters(model),
@@ -702,4 +692,9 @@ def traffic_report(
         local_world_size=local_world_size,
         batch_size=batch_size,
     )
+
+
+def traffic_report(traffic: StepTraffic, device_type: str, link_gbps: Optional[float] = None) -> str:
+    """:func:`format_traffic` at the rates of :func:`link_rates`: what ``python -m dlrm.plan`` prints and the
+    trainer logs at start-up."""
     return format_traffic(traffic, *link_rates(device_type, link_gbps))
