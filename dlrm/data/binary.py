@@ -398,6 +398,21 @@ class _Layout:
         self.total = self.offset_per_key[-1]
         self.ones = torch.ones(NUM_SPARSE * b, dtype=torch.int32)  # 1-hot lengths (expanded on the device)
 
+    def kjt(
+        self, keys: List[str], values: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor
+    ) -> KeyedJaggedTensor:
+        """The KJT of ``values`` in this layout, its per-key sizes given (no device sync); ``lengths`` and
+        ``offsets`` are :attr:`lengths` and :attr:`offsets` or their copies on ``values``' device."""
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            lengths=lengths,
+            offsets=offsets,
+            stride=self.b,
+            length_per_key=self.length_per_key,
+            offset_per_key=self.offset_per_key,
+        )
+
 
 class BatchReader:
     """Assemble ``Batch`` objects from a :class:`BinarySplit` with vectorised copies (no per-sample loops).
@@ -523,15 +538,7 @@ class BatchReader:
                 )
             if self.mh is not None:
                 mh_mod.expand_into(self.mh.tables, self.sizes, ids, values, lay.offset_per_key)
-        kjt = KeyedJaggedTensor(
-            keys=self.keys,
-            values=values_t,
-            lengths=lay.lengths,
-            offsets=lay.offsets,
-            stride=b,
-            length_per_key=lay.length_per_key,
-            offset_per_key=lay.offset_per_key,
-        )
+        kjt = lay.kjt(self.keys, values_t, lay.lengths, lay.offsets)
         return Batch(dense_features=dense_t, sparse_features=kjt, labels=labels_t)
 
     def expand(self, batch: Batch) -> Batch:
@@ -555,15 +562,7 @@ class BatchReader:
                 dst.copy_(ids[t])
             else:
                 torch.index_select(table, 0, ids[t], out=dst.view(b, m))
-        kjt = KeyedJaggedTensor(
-            keys=self.keys,
-            values=values,
-            lengths=lengths,
-            offsets=offsets,
-            stride=b,
-            length_per_key=lay.length_per_key,
-            offset_per_key=lay.offset_per_key,
-        )
+        kjt = lay.kjt(self.keys, values, lengths, offsets)
         return Batch(
             dense_features=batch.dense_features.to(dev, non_blocking=True),
             sparse_features=kjt,
