@@ -12,9 +12,12 @@ bag has a fixed size, so every full batch has the same shapes, and the step can 
    once (``ShardedModule.input_dist``); on one rank that only regroups the features, and the regrouping is kept
    as a gather index, checked once against the real input dist. A rehearsal step then trains on it along the
    path the graph will take: ``compute_and_output_dist`` on the held input dist (TBE forward), the dense forward
-   and loss, the backward (the TBE backward with its fused optimizer), and the dense Adagrad step
-   (``torch.optim.adagrad.adagrad``, the function ``torch.optim.Adagrad.step`` runs, on the optimizer's own
-   state, so checkpoints and the learning rate stay the optimizer's).
+   and loss, the backward (the TBE backward with its fused optimizer), and the dense Adagrad step on the
+   optimizer's own state (so checkpoints and the learning rate stay the optimizer's). On CUDA that step is
+   :func:`adagrad_one_pass` compiled by torch.compile: one read and write of each parameter and its state, where
+   ``torch.optim.Adagrad``'s foreach step makes four passes (0.17 ms against about 0.08 at 8192 on an H200), with
+   the same arithmetic bit for bit; elsewhere it is ``torch.optim.adagrad.adagrad``, what
+   ``torch.optim.Adagrad.step`` runs.
 3. The next full batch is copied into the buffers and that path is captured (``torch.cuda.graph``), then every
    full batch is copied in (ids gathered into the held input dist, dense features, labels) and the graph
    replayed. Batches of another size (an epoch's last, partial batch) train eagerly as in step 1.
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.optim.adagrad import adagrad as adagrad_step
@@ -47,6 +50,11 @@ from dlrm.config import Config, ConfigError
 from dlrm.model import BatchError
 
 log = logging.getLogger(__name__)
+
+# Inductor lowers an fp32 `/` to Triton's approximate division (div.full.f32, within 2 ulp); PyTorch's CUDA kernels
+# divide with IEEE rounding. This option makes the compiled Adagrad divide as eager does (torch >= 2.10;
+# https://github.com/pytorch/pytorch/pull/165566).
+EAGER_DIVISION = {"eager_numerics.division_rounding": True}
 
 WARMUP_STEPS = 2  # eager steps before the rehearsal: the first compiles, the second runs warm
 CHECK_EVERY = 100  # steps between host reads of the bag-size flag
@@ -84,6 +92,34 @@ def use_capture_stream(device: torch.device) -> None:
     """Make a new stream the calling thread's current CUDA stream (call before the model is built; see the module
     docstring). Everything this thread queues afterwards goes to it, as it would to the default stream."""
     torch.cuda.set_stream(torch.cuda.Stream(device))
+
+
+def adagrad_one_pass(
+    params: List[torch.Tensor],
+    grads: List[torch.Tensor],
+    sums: List[torch.Tensor],
+    *,
+    lr: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """One Adagrad step in place, in the order of operations and roundings of ``torch.optim.Adagrad``'s foreach
+    step for ``lr_decay=0`` and ``maximize=False`` (``torch.optim.adagrad._multi_tensor_adagrad``):
+    ``g += weight_decay * p``; ``sum += g * g``; ``p += (g * -lr) / (sqrt(sum) + eps)``. Written per tensor
+    with public ops so that torch.compile fuses each parameter's update into one kernel. The step counters are
+    the caller's.
+
+    Args:
+        params, grads, sums: fp32 tensors, pairwise of one shape (parameters, their gradients, the optimizer's
+            ``sum`` state); ``params`` and ``sums`` are updated.
+        lr: learning rate; eps: added to the root (MLPerf Training rules: 1e-8); weight_decay: L2 factor.
+    """
+    for p, g, s in zip(params, grads, sums):
+        if weight_decay != 0:
+            g = g.add(p, alpha=weight_decay)
+        s.addcmul_(g, g, value=1)
+        std = s.sqrt().add_(eps)
+        p.addcdiv_(g.mul(-lr), std)
 
 
 class GraphedTrainPipeline:
@@ -148,6 +184,8 @@ class GraphedTrainPipeline:
         self._out: Tuple[torch.Tensor, ...] = ()
         self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
         self._bad: Optional[torch.Tensor] = None
+        self._one_pass = capture and device.type == "cuda"
+        self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
 
     # ------------------------------------------------------------------------------------------ interface
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, ...]:
@@ -211,6 +249,13 @@ class GraphedTrainPipeline:
         opt = self._dense
         for g in opt.param_groups:
             ps = [p for p in g["params"] if p.grad is not None]
+            if self._one_pass and not g.get("maximize", False):
+                for p in ps:  # torch's step adds 1 before it computes the rate; with lr_decay 0 the rate is lr
+                    opt.state[p]["step"] += 1
+                self._compiled_step(g["lr"], g["eps"], g["weight_decay"])(
+                    ps, [p.grad for p in ps], [opt.state[p]["sum"] for p in ps]
+                )
+                continue
             adagrad_step(
                 ps,
                 [p.grad for p in ps],
@@ -225,6 +270,18 @@ class GraphedTrainPipeline:
                 maximize=g.get("maximize", False),
                 has_complex=False,
             )
+
+    def _compiled_step(self, lr: float, eps: float, weight_decay: float) -> Callable[..., None]:
+        """:func:`adagrad_one_pass` compiled with its scalars as constants (a float argument would be traced as a
+        symbol, an input the arithmetic reads at another precision)."""
+        key = (lr, eps, weight_decay)
+        if key not in self._compiled:
+
+            def step(params: List[torch.Tensor], grads: List[torch.Tensor], sums: List[torch.Tensor]) -> None:
+                adagrad_one_pass(params, grads, sums, lr=lr, eps=eps, weight_decay=weight_decay)
+
+            self._compiled[key] = torch.compile(step, fullgraph=True, dynamic=False, options=EAGER_DIVISION)
+        return self._compiled[key]
 
     def _record(self) -> None:
         self._optimizer.zero_grad()  # the graph allocates its own gradient buffers
