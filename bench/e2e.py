@@ -11,7 +11,8 @@ process: ``bench.throughput --variants <variant>`` (the step on random batches a
 ``train.py`` on every ``--sources``: ``synthetic`` (``data.num_train_samples=--rows``), ``binary_materialized``,
 ``binary_on_the_fly`` (``data=criteo_binary`` with ``data.multi_hot_source``) and ``tsv`` (the first
 ``--tsv-rows`` rows written as a Criteo TSV; ``data=criteo_tsv``). A trainer's figure is the median samples/s
-of its logged windows after the first (the first holds the compile); no validation runs during the timed steps.
+of its logged windows after the first (the first holds the compile), with its median ``input_ms`` (host time the
+step waited for batches); no validation runs during the timed steps.
 
 Output: a table of samples/s per source beside the step benchmark's and their ratio, and ``e2e.json`` /
 ``e2e.md`` under ``--out`` (default ``--dir``).
@@ -98,6 +99,7 @@ def run_trainer(source: str, args: argparse.Namespace) -> Dict[str, Any]:
         "source": source,
         "samples_per_s": statistics.median(steady),
         "step_ms": statistics.median(r["step_ms"] for r in (recs[1:] or recs)),
+        "input_ms": statistics.median(r.get("input_ms", 0.0) for r in (recs[1:] or recs)),
         "windows": len(steady),
     }
 
@@ -169,15 +171,17 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
         f"step benchmark ({args.variant}): {step.get('samples_per_s', float('nan')):,.0f} samples/s, "
         f"{step.get('step_ms', float('nan')):.2f} ms/step",
         "",
-        "| source | train.py samples/s | ms/step | of the step benchmark |",
-        "| --- | --- | --- | --- |",
+        "| source | train.py samples/s | ms/step | input ms/step | of the step benchmark |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['source']} | failed | | |")
+            lines.append(f"| {r['source']} | failed | | | |")
         else:
             ratio = f"{100 * r['of_step_bench']:.0f}%" if "of_step_bench" in r else ""
-            lines.append(f"| {r['source']} | {r['samples_per_s']:,.0f} | {r['step_ms']:.2f} | {ratio} |")
+            lines.append(
+                f"| {r['source']} | {r['samples_per_s']:,.0f} | {r['step_ms']:.2f} | {r['input_ms']:.2f} | {ratio} |"
+            )
     md = "\n".join(lines) + "\n"
     print(md)
     with open(os.path.join(args.out, "e2e.json"), "w", encoding="utf-8") as f:
