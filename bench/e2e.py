@@ -130,7 +130,12 @@ def run_step_bench(args: argparse.Namespace) -> Dict[str, Any]:
 def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=10_000_000, help="training rows of the generated dataset")
-    ap.add_argument("--tsv-rows", type=int, default=262_144, help="rows of the TSV source (parsed at start-up)")
+    ap.add_argument(
+        "--tsv-rows",
+        type=int,
+        default=1_048_576,
+        help="rows of the TSV source (parsed at start-up; each epoch restarts the loader, so keep epochs long)",
+    )
     ap.add_argument("--dir", default="/tmp/dlrm_e2e")
     ap.add_argument("--out", default=None)
     ap.add_argument("--batch", type=int, default=32768)

@@ -47,7 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -179,19 +179,6 @@ def measure_kind(out: str, days: Sequence[int], kind: str, rows: int) -> Dict[st
 
 
 # ---------------------------------------------------------------------------------------------- the stages
-def _timed_passes(timings: Dict[str, float]) -> Callable[..., List[Dict[str, Any]]]:
-    """``P._run_jobs`` recording each pass's wall time under its name (parse, dense, multi-hot)."""
-    run = P._run_jobs
-
-    def timed(*args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
-        t0 = time.perf_counter()
-        res = run(*args, **kwargs)
-        timings[args[3] if len(args) > 3 else kwargs["desc"]] = time.perf_counter() - t0
-        return res
-
-    return timed
-
-
 def bench(root: str, days: int, rows_per_day: int, workers: int, row_cap: Optional[int]) -> Dict[str, Any]:
     """Generate the input under ``root/tsv``, run the three stages into ``root/bin``, measure and project.
 
@@ -215,27 +202,24 @@ def bench(root: str, days: int, rows_per_day: int, workers: int, row_cap: Option
     gen_s = time.perf_counter() - t0
 
     timings: Dict[str, float] = {}
-    run_jobs, P._run_jobs = P._run_jobs, _timed_passes(timings)
-    try:
-        t0 = time.perf_counter()
-        P.preprocess(
-            out=out,
-            layout="terabyte",
-            inputs=P.find_day_files(tsv, day_ids),
-            days=day_ids,
-            table_rows=table_rows,
-            transform="mlperf",
-            workers=workers,
-        )
-        convert_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        P.multihot(out=out, sizes=sizes, seed=0, materialize=False, workers=workers)
-        tables_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        P.multihot(out=out, sizes=sizes, seed=0, materialize=True, workers=workers)
-        materialize_s = time.perf_counter() - t0
-    finally:
-        P._run_jobs = run_jobs
+    t0 = time.perf_counter()
+    P.preprocess(
+        out=out,
+        layout="terabyte",
+        inputs=P.find_day_files(tsv, day_ids),
+        days=day_ids,
+        table_rows=table_rows,
+        transform="mlperf",
+        workers=workers,
+        timings=timings,
+    )
+    convert_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    P.multihot(out=out, sizes=sizes, seed=0, materialize=False, workers=workers)
+    tables_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    P.multihot(out=out, sizes=sizes, seed=0, materialize=True, workers=workers)
+    materialize_s = time.perf_counter() - t0
 
     outputs = {kind: measure_kind(out, day_ids, kind, rows) for kind, _, _ in DAY_KINDS + [MULTI_HOT_KIND]}
     tdir = os.path.join(out, mh_mod.TABLES_DIR)

@@ -495,8 +495,10 @@ def preprocess(
     block_bytes: int = 8 << 20,
     keep_raw: bool = False,
     dense_min: Optional[int] = None,
+    timings: Optional[Dict[str, float]] = None,
 ) -> Dict[str, Any]:
-    """Run the passes; returns the written ``meta.json`` content.
+    """Run the passes; returns the written ``meta.json`` content. ``timings``, if given, receives each pass's
+    wall seconds under ``parse`` and ``dense``.
 
     Args:
         out: dataset directory (created).
@@ -561,7 +563,9 @@ def preprocess(
             progress_bytes=j["progress_bytes"],
         )
         full.append(dict(j, root=out, table_rows=list(table_rows), block_bytes=block_bytes, expect=expect))
+    t0 = time.perf_counter()
     parsed = _run_jobs(parse_day, full, workers, "parse", total_bytes=sum(j["progress_bytes"] for j in jobs))
+    t1 = time.perf_counter()
     train = parsed[:-1]
     m = dense_min if dense_min is not None else min(r["dense_min"] for r in train)
     m_src = "given" if dense_min is not None else f"days {jobs[0]['day']}-{jobs[-2]['day']} (training)"
@@ -579,6 +583,8 @@ def preprocess(
         for j, r, fj in zip(jobs, parsed, full)
     ]
     dense = _run_jobs(dense_day, djobs, workers, "dense")
+    if timings is not None:
+        timings.update(parse=t1 - t0, dense=time.perf_counter() - t1)
     meta = {
         "format": B.FORMAT,
         "version": B.VERSION,
