@@ -9,8 +9,8 @@ Kaggle ``train.txt`` (cut into 7 days; day 6 validates / tests), original DLRM d
 
     python data/preprocess_criteo.py --layout kaggle --input train.txt --out /data/kaggle_bin --dense-transform log1p
 
-MLPerf multi-hot (uniform, seed 0): expansion tables only (about 23 GB, for on-the-fly multi-hot), or also
-materialized per day (about 3.8 TB for 1TB)::
+MLPerf multi-hot (uniform, seed 0): expansion tables only (23.9 GB, for on-the-fly multi-hot), or also
+materialized per day (3.74 TB for 1TB)::
 
     python data/preprocess_criteo.py multihot --out /data/criteo_bin --mode tables
     python data/preprocess_criteo.py multihot --out /data/criteo_bin --mode materialize --workers 16

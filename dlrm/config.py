@@ -231,7 +231,7 @@ class DataConfig:
     expansion tables per batch) or ``auto`` (materialized when present)."""
     multi_hot_on_device: Optional[bool] = None
     """``criteo_binary``, on-the-fly multi-hot: copy the expansion tables to the training device (2.4 GB at
-    ``model.row_cap=4000000``, about 23 GB for the MLPerf tables) and expand each batch's 1-hot ids there, off the
+    ``model.row_cap=4000000``, 23.9 GB for the MLPerf tables) and expand each batch's 1-hot ids there, off the
     host (null: on CUDA)."""
     prefetch: int = 2
     """``criteo_binary``: batches a background thread keeps ready (0: none)."""

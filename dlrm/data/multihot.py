@@ -10,8 +10,8 @@ whole table's draws at once; ``dlrm.data.MultiHot`` (the in-memory expansion) bu
   the legacy ``randint`` consumes exactly one 32-bit draw per accepted value with no buffering across calls,
   so chunked draws are the same stream as the reference's single call (checked in ``tests/test_binary_loader.py``
   against the reference procedure, chunk boundaries included).
-* With ``out_dir`` the tables are written as ``table_XX.npy`` (memory-mapped later): about 23 GB for the MLPerf
-  cardinalities, instead of 3.8 TB of materialized multi-hot days.
+* With ``out_dir`` the tables are written as ``table_XX.npy`` (memory-mapped later): 23.9 GB for the MLPerf
+  cardinalities, instead of 3.74 TB of materialized multi-hot days.
 * :func:`expand_into` gathers the bags of a batch of 1-hot ids (vectorised, one ``np.take`` per table).
 
 Build the on-disk tables of a preprocessed dataset::
