@@ -134,7 +134,7 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
         "--tsv-rows",
         type=int,
         default=1_048_576,
-        help="rows of the TSV source (parsed at start-up; each epoch restarts the loader, so keep epochs long)",
+        help="rows of the TSV source (parsed at start-up; 80%% train, and each epoch ends in a partial batch)",
     )
     ap.add_argument("--dir", default="/tmp/dlrm_e2e")
     ap.add_argument("--out", default=None)
