@@ -160,6 +160,13 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
     generate(args.dir, args.rows, row_cap)
     args.tsv = os.path.join(args.dir, f"train_{args.tsv_rows}_of_{args.rows}_cap{row_cap}.tsv")
     if "tsv" in args.sources:
+        if args.tsv_rows > args.rows // 2:
+            print(
+                f"error: --tsv-rows {args.tsv_rows} exceeds the {args.rows // 2} rows of the generated day_0 "
+                "(--rows / 2); raise --rows or lower --tsv-rows",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
         write_tsv(args.dir, args.tsv, args.tsv_rows)
     step = run_step_bench(args)
     rows = []

@@ -230,7 +230,7 @@ class DataConfig:
     """``criteo_binary``: ``materialized`` (``day_*_sparse_multi_hot.npy``), ``on_the_fly`` (gathered from the
     expansion tables per batch) or ``auto`` (materialized when present)."""
     multi_hot_on_device: Optional[bool] = None
-    """``criteo_binary``, on-the-fly multi-hot: copy the expansion tables to the training device (2.4 GB at
+    """``criteo_binary``, on-the-fly multi-hot: copy the expansion tables to the training device (2.5 GB at
     ``model.row_cap=4000000``, 23.9 GB for the MLPerf tables) and expand each batch's 1-hot ids there, off the
     host (null: on CUDA)."""
     prefetch: int = 2

@@ -2,7 +2,7 @@
 
 Below about 16,384 samples per GPU the step is bound by the host: issuing its ~190 kernels through TorchRec's
 pipeline, DDP, the compiled dense step and the optimizers takes longer than the GPU needs to run them (7-9 ms
-against 3.5 ms of kernels at 8192 on an H200; docs/performance.md). With the MLPerf multi-hot (or 1-hot ids) every
+against 3.3 ms of kernels at 8192 on an H200; docs/performance.md). With the MLPerf multi-hot (or 1-hot ids) every
 bag has a fixed size, so every full batch has the same shapes, and the step can be recorded once and replayed:
 
 1. The first ``WARMUP_STEPS`` batches train eagerly, as ``pipeline=base`` does (DMP forward with TorchRec's
@@ -13,11 +13,10 @@ bag has a fixed size, so every full batch has the same shapes, and the step can 
    as a gather index, checked once against the real input dist. A rehearsal step then trains on it along the
    path the graph will take: ``compute_and_output_dist`` on the held input dist (TBE forward), the dense forward
    and loss, the backward (the TBE backward with its fused optimizer), and the dense Adagrad step on the
-   optimizer's own state (so checkpoints and the learning rate stay the optimizer's). On CUDA that step is
-   :func:`adagrad_one_pass` compiled by torch.compile: one read and write of each parameter and its state, where
-   ``torch.optim.Adagrad``'s foreach step makes four passes (0.17 ms against 0.06 at 8192 on an H200), with
-   the same arithmetic bit for bit; elsewhere it is ``torch.optim.adagrad.adagrad``, what
-   ``torch.optim.Adagrad.step`` runs.
+   optimizer's own state (so checkpoints and the learning rate stay the optimizer's): :func:`adagrad_one_pass`,
+   the arithmetic of ``torch.optim.Adagrad``'s step bit for bit. When the graph is captured it runs compiled by
+   torch.compile, one read and write of each parameter and its state where torch's foreach step makes four
+   passes (0.17 ms against 0.06 at 8192 on an H200); without a capture (``capture=False``) it runs eagerly.
 3. The next full batch is copied into the buffers and that path is captured (``torch.cuda.graph``), then every
    full batch is copied in (ids gathered into the held input dist, dense features, labels) and the graph
    replayed. Batches of another size (an epoch's last, partial batch) train eagerly as in step 1.
@@ -41,7 +40,6 @@ import logging
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
-from torch.optim.adagrad import adagrad as adagrad_step
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.types import ShardedModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -166,10 +164,14 @@ class GraphedTrainPipeline:
             )
         self._sharded: ShardedModule = sharded[0]
         for g in dense.param_groups:
-            if g.get("lr_decay", None) != 0 or any("sum" not in dense.state[p] for p in g["params"]):
+            if (
+                g.get("lr_decay", None) != 0
+                or g.get("maximize", False)
+                or any("sum" not in dense.state[p] for p in g["params"])
+            ):
                 raise ConfigError(
                     "config key `pipeline.name`: pipeline=graphed steps the dense parameters with Adagrad (no "
-                    "lr_decay) only; with data_parallel tables use optimizer.sparse_type=adagrad, or "
+                    "lr_decay, not maximize) only; with data_parallel tables use optimizer.sparse_type=adagrad, or "
                     "pipeline=sparse_dist"
                 )
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -184,7 +186,7 @@ class GraphedTrainPipeline:
         self._out: Tuple[torch.Tensor, ...] = ()
         self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
         self._bad: Optional[torch.Tensor] = None
-        self._one_pass = capture and device.type == "cuda"
+        self._compile = capture and device.type == "cuda"
         self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
 
     # ------------------------------------------------------------------------------------------ interface
@@ -249,38 +251,25 @@ class GraphedTrainPipeline:
         opt = self._dense
         for g in opt.param_groups:
             ps = [p for p in g["params"] if p.grad is not None]
-            if self._one_pass and not g.get("maximize", False):
-                for p in ps:  # torch's step adds 1 before it computes the rate; with lr_decay 0 the rate is lr
-                    opt.state[p]["step"] += 1
-                self._compiled_step(g["lr"], g["eps"], g["weight_decay"])(
-                    ps, [p.grad for p in ps], [opt.state[p]["sum"] for p in ps]
-                )
-                continue
-            adagrad_step(
-                ps,
-                [p.grad for p in ps],
-                [opt.state[p]["sum"] for p in ps],
-                [opt.state[p]["step"] for p in ps],
-                foreach=g.get("foreach"),
-                fused=g.get("fused"),
-                lr=g["lr"],
-                weight_decay=g["weight_decay"],
-                lr_decay=g["lr_decay"],
-                eps=g["eps"],
-                maximize=g.get("maximize", False),
-                has_complex=False,
+            for p in ps:  # torch's step adds 1 before it computes the rate; with lr_decay 0 the rate is lr
+                opt.state[p]["step"] += 1
+            self._compiled_step(g["lr"], g["eps"], g["weight_decay"])(
+                ps, [p.grad for p in ps], [opt.state[p]["sum"] for p in ps]
             )
 
     def _compiled_step(self, lr: float, eps: float, weight_decay: float) -> Callable[..., None]:
-        """:func:`adagrad_one_pass` compiled with its scalars as constants (a float argument would be traced as a
-        symbol, an input the arithmetic reads at another precision)."""
+        """:func:`adagrad_one_pass` with these scalars, compiled when a graph is captured with the scalars as
+        constants (a float argument would be traced as a symbol, an input the arithmetic reads at another
+        precision)."""
         key = (lr, eps, weight_decay)
         if key not in self._compiled:
 
             def step(params: List[torch.Tensor], grads: List[torch.Tensor], sums: List[torch.Tensor]) -> None:
                 adagrad_one_pass(params, grads, sums, lr=lr, eps=eps, weight_decay=weight_decay)
 
-            self._compiled[key] = torch.compile(step, fullgraph=True, dynamic=False, options=EAGER_DIVISION)
+            self._compiled[key] = (
+                torch.compile(step, fullgraph=True, dynamic=False, options=EAGER_DIVISION) if self._compile else step
+            )
         return self._compiled[key]
 
     def _record(self) -> None:
