@@ -4,7 +4,7 @@
 It is arithmetic on measured figures, not a measurement:
 
 - the step's compute: this trainer's ``perf=fast`` step on one H200 at the per-GPU batch (:data:`STEP_MS`,
-  ``bench.throughput`` on 2026-12-01, commit b62ef63, docs/performance.md), linearly interpolated between the
+  ``bench.throughput`` on 2026-12-01, docs/performance.md), linearly interpolated between the
   measured batch sizes, or ``--step-ms`` (your own figure);
 - the step's collectives: ``dlrm.traffic``'s time for the plan at the link rates (peak rates, one after another);
   the step lies between compute alone (all of it overlapped) and compute plus collectives (none of it);
@@ -26,12 +26,13 @@ EVAL_SAMPLES = 89_137_319
 EVALS_PER_EPOCH = 20
 EPOCHS_TO_TARGET = 0.75
 # 1x H200, MLPerf DLRM-v2 with tables capped at 4 M rows, table_wise, perf=fast, batches on the GPU: ms per step
-# by (optimizer.sparse_type, pipeline=graphed) and per-GPU batch (docs/performance.md, 2026-12-01, b62ef63)
+# by (optimizer.sparse_type, pipeline=graphed) and per-GPU batch (docs/performance.md, 2026-12-01: 8192 without a
+# graph at f935a56, the rest at 0dc631f / 48a1b76)
 STEP_MS: Dict[Tuple[str, bool], Dict[int, float]] = {
-    ("adagrad", False): {4096: 7.522, 8192: 8.164, 32768: 12.587, 65536: 23.217},
-    ("adagrad", True): {4096: 2.326, 8192: 3.752, 32768: 12.270, 65536: 22.896},
-    ("rowwise_adagrad", False): {4096: 8.962, 32768: 11.993, 65536: 22.334},
-    ("rowwise_adagrad", True): {4096: 2.276, 8192: 3.651, 32768: 11.747, 65536: 22.053},
+    ("adagrad", False): {4096: 8.786, 8192: 7.378, 32768: 12.604, 65536: 22.996},
+    ("adagrad", True): {4096: 2.273, 8192: 3.582, 32768: 12.109, 65536: 22.516},
+    ("rowwise_adagrad", False): {4096: 9.940, 8192: 7.802, 32768: 12.352, 65536: 22.122},
+    ("rowwise_adagrad", True): {4096: 2.217, 8192: 3.514, 32768: 11.614, 65536: 21.686},
 }
 EVAL_SAMPLES_PER_S_PER_GPU = 5.2e6  # train.py's evaluation at batch 32768 on one H200 (6ba4974)
 PUBLISHED = "NVIDIA HugeCTR, 8x H200, MLPerf Training v4.0: 3.47 min to the target, 15.1 M samples/s"
