@@ -128,7 +128,12 @@ def run_step_bench(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.e2e",
+        description="train.py itself against the step benchmark, per data source, in one call (see bench/e2e.py's "
+        "docstring for what runs).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--rows", type=int, default=10_000_000, help="training rows of the generated dataset")
     ap.add_argument(
         "--tsv-rows",
@@ -136,18 +141,18 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
         default=1_048_576,
         help="rows of the TSV source (parsed at start-up; 80%% train, and each epoch ends in a partial batch)",
     )
-    ap.add_argument("--dir", default="/tmp/dlrm_e2e")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--batch", type=int, default=32768)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--perf", default="fast")
+    ap.add_argument("--dir", default="/tmp/dlrm_e2e", help="where the generated dataset is kept and reused")
+    ap.add_argument("--out", default=None, help="where results and run directories go (default: --dir)")
+    ap.add_argument("--batch", type=int, default=32768, help="per-GPU batch of every run")
+    ap.add_argument("--steps", type=int, default=200, help="training steps of each train.py run")
+    ap.add_argument("--log-every", type=int, default=20, help="steps per logged window (the figure is their median)")
+    ap.add_argument("--perf", default="fast", help="the trainer's perf preset")
     ap.add_argument(
         "--pipeline", default="sparse_dist", help="the trainer's pipeline (graphed: pair --variant fast_graphed)"
     )
     ap.add_argument("--variant", default="fast", help="the step benchmark's variant to compare with")
     ap.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
-    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds allowed to each run")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (tests); numbers are meaningless")
     args = ap.parse_args(argv)
     args.model = GPU_MODEL

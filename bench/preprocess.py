@@ -382,7 +382,9 @@ def needed_bytes(rows: int, table_rows: Sequence[int]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m bench.preprocess", description=__doc__.split("\n\n")[0].replace("``", "")
+        prog="python -m bench.preprocess",
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("--days", type=int, default=4, help="day files to generate (at least 2: the last evaluates)")
     ap.add_argument("--rows-per-day", type=int, default=250_000, help="lines per generated day file")
