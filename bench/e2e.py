@@ -94,12 +94,12 @@ def run_trainer(source: str, args: argparse.Namespace) -> Dict[str, Any]:
         return {"source": source, "error": (p.stdout + p.stderr)[-2000:]}
     with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
         recs = [json.loads(line) for line in f if '"samples_per_s"' in line]
-    steady = [r["samples_per_s"] for r in recs[1:]] or [r["samples_per_s"] for r in recs]
+    steady = recs[1:] or recs
     return {
         "source": source,
-        "samples_per_s": statistics.median(steady),
-        "step_ms": statistics.median(r["step_ms"] for r in (recs[1:] or recs)),
-        "input_ms": statistics.median(r.get("input_ms", 0.0) for r in (recs[1:] or recs)),
+        "samples_per_s": statistics.median(r["samples_per_s"] for r in steady),
+        "step_ms": statistics.median(r["step_ms"] for r in steady),
+        "input_ms": statistics.median(r.get("input_ms", 0.0) for r in steady),
         "windows": len(steady),
     }
 

@@ -155,8 +155,13 @@ def table_file_bytes(rows: int, m: int) -> int:
 
 def tables_bytes(table_rows: Sequence[int], sizes: Sequence[int]) -> int:
     """Bytes of ``multi_hot_tables/`` (``table_XX.npy`` for every table with m > 1, and ``tables.json``)."""
-    spec = {"table_rows": list(table_rows), "sizes": list(sizes), "seed": 0, "distribution": "uniform"}
+    spec = mh_mod.tables_spec(table_rows, sizes, seed=0)
     return sum(table_file_bytes(r, m) for r, m in zip(table_rows, sizes) if m > 1) + len(json.dumps(spec))
+
+
+def capped_table_rows(row_cap: Optional[int]) -> List[int]:
+    """The MLPerf table rows, each at most ``row_cap`` (None or 0: uncapped)."""
+    return [min(r, row_cap) if row_cap else r for r in MLPERF_NUM_EMBEDDINGS]
 
 
 def table_elements(table_rows: Sequence[int], sizes: Sequence[int]) -> int:
@@ -192,7 +197,7 @@ def bench(root: str, days: int, rows_per_day: int, workers: int, row_cap: Option
     os.makedirs(tsv)
     day_ids = list(range(days))
     rows = days * rows_per_day
-    table_rows = [min(r, row_cap) if row_cap else r for r in MLPERF_NUM_EMBEDDINGS]
+    table_rows = capped_table_rows(row_cap)
     sizes = list(MLPERF_MULTI_HOT_SIZES)
 
     t0 = time.perf_counter()
@@ -284,16 +289,17 @@ def project(res: Dict[str, Any]) -> Dict[str, Any]:
     full_elems = table_elements(MLPERF_NUM_EMBEDDINGS, MLPERF_MULTI_HOT_SIZES)
     time_s["tables"] = {"seconds": st["tables"]["seconds"] * full_elems / st["tables"]["table_elements"]}
     input_bytes = TB_ROWS * res["input"]["bytes_per_row"]
-    convert_written = disk["dense"] + disk["sparse"] + disk["labels"]
+    convert_bytes = disk["dense"] + disk["sparse"] + disk["labels"]
     return {
         "rows": TB_ROWS,
         "days": TB_DAYS,
         "input_bytes": input_bytes,
         "disk": disk,
+        "convert_bytes": convert_bytes,  # what convert leaves
         "time": time_s,
         # the parse pass reads the TSV; convert writes raw dense, sparse, labels, then reads raw and writes dense
         "parse_read_bytes_per_s": input_bytes / time_s["convert"]["passes"]["parse"],
-        "convert_write_bytes_per_s": (convert_written + disk["dense_raw"]) / time_s["convert"]["seconds"],
+        "convert_write_bytes_per_s": (convert_bytes + disk["dense_raw"]) / time_s["convert"]["seconds"],
         "materialize_write_bytes_per_s": disk["sparse_multi_hot"] / time_s["materialize"]["seconds"],
         "materialize_read_bytes_per_s": disk["sparse"] / time_s["materialize"]["seconds"],
     }
@@ -342,7 +348,7 @@ def report(res: Dict[str, Any]) -> str:
     ]
     for kind in ("dense", "sparse", "labels", "sparse_multi_hot", "multi_hot_tables"):
         lines.append(f"  {kind:<18} {_gb(pj['disk'][kind]):>10}   ({pj['disk'][kind]:,} bytes)")
-    conv = pj["disk"]["dense"] + pj["disk"]["sparse"] + pj["disk"]["labels"]
+    conv = pj["convert_bytes"]
     lines += [
         f"  convert total {_gb(conv)}, up to {_gb(conv + pj['disk']['dense_raw'])} while the raw dense counts "
         f"({_gb(pj['disk']['dense_raw'])}) exist; with multi-hot materialized "
@@ -403,8 +409,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error("--rows-per-day and --workers must be positive, --row-cap 0 or more")
     root = args.dir or tempfile.mkdtemp(prefix="dlrm_bench_preprocess_")
     os.makedirs(root, exist_ok=True)
-    table_rows = [min(r, args.row_cap) if args.row_cap else r for r in MLPERF_NUM_EMBEDDINGS]
-    need, free = needed_bytes(args.days * args.rows_per_day, table_rows), shutil.disk_usage(root).free
+    need, free = (
+        needed_bytes(args.days * args.rows_per_day, capped_table_rows(args.row_cap)),
+        shutil.disk_usage(root).free,
+    )
     if need > free:
         print(
             f"error: --dir {root}: the run needs about {_gb(need)}, {_gb(free)} free; pass a --dir with more space "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -105,16 +105,18 @@ def build_tables(
         bar.close()
     if out_dir:
         with open(os.path.join(out_dir, "tables.json"), "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "table_rows": [int(r) for r in table_rows],
-                    "sizes": [int(m) for m in sizes],
-                    "seed": int(seed),
-                    "distribution": "uniform",
-                },
-                f,
-            )
+            json.dump(tables_spec(table_rows, sizes, seed), f)
     return tables
+
+
+def tables_spec(table_rows: Sequence[int], sizes: Sequence[int], seed: int) -> Dict[str, Any]:
+    """The content of ``tables.json``: what :func:`build_tables` built the tables from."""
+    return {
+        "table_rows": [int(r) for r in table_rows],
+        "sizes": [int(m) for m in sizes],
+        "seed": int(seed),
+        "distribution": "uniform",
+    }
 
 
 def load_tables(
@@ -126,11 +128,8 @@ def load_tables(
         return None
     with open(meta_path, encoding="utf-8") as f:
         meta = json.load(f)
-    if (meta["table_rows"], meta["sizes"], meta["seed"]) != (
-        [int(r) for r in table_rows],
-        [int(m) for m in sizes],
-        int(seed),
-    ):
+    want = tables_spec(table_rows, sizes, seed)
+    if any(meta[k] != want[k] for k in ("table_rows", "sizes", "seed")):
         return None
     out: List[Optional[np.ndarray]] = []
     for t, (rows, m) in enumerate(zip(table_rows, sizes)):
