@@ -101,6 +101,12 @@ LEVERS: Dict[str, List[str]] = {
     "fast_graphed": ["perf=fast", "pipeline=graphed"],
     "fast_graphed_elementwise_adagrad": ["perf=fast", "pipeline=graphed", "optimizer.sparse_type=adagrad"],
     "fp32_graphed": ["perf=fp32", "pipeline=graphed"],
+    "fast_graphed_elementwise_max_autotune": [
+        "perf=fast",
+        "pipeline=graphed",
+        "optimizer.sparse_type=adagrad",
+        "perf.compile_mode=max-autotune-no-cudagraphs",
+    ],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
     "fast_max_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fused_sparse_dist": ["perf=fast", "pipeline=fused_sparse_dist"],

@@ -185,6 +185,7 @@ class GraphedTrainPipeline:
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         self._out: Tuple[torch.Tensor, ...] = ()
         self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
+        self._stepped: List[torch.Tensor] = []  # the dense parameters the graph steps
         self._bad: Optional[torch.Tensor] = None
         self._compile = capture and device.type == "cuda"
         self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
@@ -208,9 +209,7 @@ class GraphedTrainPipeline:
         if self._graph is None:
             self._record()  # capturing runs the step counters' host increment once, for this batch
         else:
-            for group in self._dense.param_groups:  # the step counters a replay does not advance
-                for p in group["params"]:
-                    self._dense.state[p]["step"] += 1
+            self._advance_steps(self._stepped)  # a replay does not run the host increment
         assert self._graph is not None
         self._graph.replay()
         return tuple(t.clone() for t in self._out)
@@ -251,11 +250,17 @@ class GraphedTrainPipeline:
         opt = self._dense
         for g in opt.param_groups:
             ps = [p for p in g["params"] if p.grad is not None]
-            for p in ps:  # torch's step adds 1 before it computes the rate; with lr_decay 0 the rate is lr
-                opt.state[p]["step"] += 1
+            self._advance_steps(ps)
             self._compiled_step(g["lr"], g["eps"], g["weight_decay"])(
                 ps, [p.grad for p in ps], [opt.state[p]["sum"] for p in ps]
             )
+
+    def _advance_steps(self, params: List[torch.Tensor]) -> None:
+        """Add 1 to the dense optimizer's ``step`` of each of ``params``, as torch's step does before it computes
+        the rate (with lr_decay 0 the rate is lr, so only checkpoints read the counters)."""
+        state = self._dense.state
+        for p in params:
+            state[p]["step"] += 1
 
     def _compiled_step(self, lr: float, eps: float, weight_decay: float) -> Callable[..., None]:
         """:func:`adagrad_one_pass` with these scalars, compiled when a graph is captured with the scalars as
@@ -278,7 +283,9 @@ class GraphedTrainPipeline:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self._device)):
             self._out = self._graph_step()
-        self._grads = [p.grad for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
+        stepped = [p for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
+        self._grads = [p.grad for p in stepped]
+        self._stepped = stepped
         self._graph = graph
         log.info("training step captured as a CUDA graph at step %d; replayed from here on", self._steps)
 
