@@ -108,6 +108,12 @@ LEVERS: Dict[str, List[str]] = {
         "perf.compile_mode=max-autotune-no-cudagraphs",
     ],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
+    "fast_graphed_elementwise_fp16_tables": [
+        "perf=fast",
+        "pipeline=graphed",
+        "optimizer.sparse_type=adagrad",
+        "perf.embedding_dtype=fp16",
+    ],
     "fast_max_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fused_sparse_dist": ["perf=fast", "pipeline=fused_sparse_dist"],
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
