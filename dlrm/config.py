@@ -130,6 +130,10 @@ class ModelConfig:
     """DCNv2 cross layers (MLPerf: 3)."""
     dcn_low_rank_dim: int = 32
     """Low rank of each cross layer (MLPerf: 512)."""
+    dense_buckets: int = 0
+    """0: off; else that many one-hot buckets per dense feature appended to the bottom MLP's input."""
+    dense_bucket_width: float = 1.0
+    """Bucket width in ``log(x + 1)`` units: bucket ``floor(x / width)``, clamped to [0, dense_buckets - 1]."""
 
     def __post_init__(self) -> None:
         _check(self.interaction in ("dcn", "dot"), "model.interaction", f"got {self.interaction!r}; use dcn or dot")
@@ -163,6 +167,8 @@ class ModelConfig:
             "model.over_arch_layer_sizes",
             "the last size must be 1 (one click logit)",
         )
+        _check(self.dense_buckets >= 0, "model.dense_buckets", "must be >= 0 (0: no buckets)")
+        _check(self.dense_bucket_width > 0, "model.dense_bucket_width", "must be positive")
         if self.interaction == "dcn":
             _check(self.dcn_num_layers > 0, "model.dcn_num_layers", "must be positive")
             _check(self.dcn_low_rank_dim > 0, "model.dcn_low_rank_dim", "must be positive")

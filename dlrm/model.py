@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, SparseArch
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, DLRMTrain, SparseArch
 from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -493,6 +493,50 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
         return loss, logits, labels, ok
 
 
+class BucketedDenseArch(DenseArch):
+    """TorchRec's ``DenseArch`` (the bottom MLP) fed each dense feature and a one-hot bucket of it
+    (``model.dense_buckets``, ``model.dense_bucket_width``), so its first layer can learn a step function of each
+    feature beside its linear weight.
+
+    Shapes: ``features`` ``[B, in_features]`` float (the ``log(x + 1)`` values) -> :meth:`buckets` ``[B,
+    in_features * (1 + num_buckets)]`` of the same dtype -> the MLP -> ``[B, layer_sizes[-1]]``. Bucket
+    ``clamp(floor(x / width), 0, num_buckets - 1)``; a NaN feature sets no bucket. Elementwise tensor ops only (no
+    host sync, no data-dependent shape): it compiles into ``perf.compile``'s graph, and under ``perf.autocast`` the
+    bucketing stays in the features' dtype until the first matmul. The parameters are ``DenseArch``'s
+    (``dense_arch.model...``, the same names as without buckets); the first layer's ``in_features`` grows.
+
+    On the Criteo sample (``experiment=criteo_sample``, whose training rows have ``log(x + 1)`` at most 14.1), 16
+    buckets of width 1.0 raised the validation AUC (mean of seeds 0-2) from 0.7394 to 0.7446 where the recipe was
+    chosen (training lines 1-6,400) and from 0.7319 to 0.7339 on lines 8,001-10,000 (docs/data.md).
+
+    Raises:
+        ValueError: ``num_buckets < 1`` or ``width <= 0`` (:class:`dlrm.config.ModelConfig` refuses both first).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        layer_sizes: List[int],
+        num_buckets: int,
+        width: float = 1.0,
+        device: Optional[torch.device] = None,
+    ) -> None:
+        if num_buckets < 1 or not width > 0:
+            raise ValueError(f"BucketedDenseArch needs num_buckets >= 1 and width > 0, got {num_buckets}, {width}")
+        super().__init__(in_features * (1 + num_buckets), layer_sizes, device)
+        self.num_buckets, self.width = num_buckets, width
+
+    def buckets(self, features: torch.Tensor) -> torch.Tensor:
+        """``[B, F]`` -> ``[B, F * (1 + num_buckets)]``: the features, then feature ``i``'s one-hot bucket in columns
+        ``F + i * num_buckets ... F + (i + 1) * num_buckets - 1`` (1.0 at the bucket, 0.0 elsewhere)."""
+        b = torch.floor(features / self.width).clamp(0, self.num_buckets - 1)
+        ids = torch.arange(self.num_buckets, dtype=features.dtype, device=features.device)
+        return torch.cat([features, (b.unsqueeze(-1) == ids).to(features.dtype).flatten(1)], dim=1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model(self.buckets(features))
+
+
 def build_model(
     cfg: ModelConfig,
     dense_device: Optional[torch.device] = None,
@@ -539,6 +583,14 @@ def build_model(
             dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
             over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
             dense_device=dense_device,
+        )
+    if cfg.dense_buckets:  # built after the network, so the other modules start as without buckets for a seed
+        net.dense_arch = BucketedDenseArch(
+            NUM_DENSE_FEATURES,
+            list(cfg.dense_arch_layer_sizes),
+            cfg.dense_buckets,
+            cfg.dense_bucket_width,
+            dense_device,
         )
     net.sparse_arch = ZeroCopySparseArch(ebc)  # same submodule names: plans and checkpoints are unchanged
     if perf.dcn_residual_dtype == "autocast":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def test_criteo_sample_experiment_overrides_only_what_differs() -> None:
         1,
     )
     assert (cfg.optimizer.lr, cfg.optimizer.embedding_lr, cfg.optimizer.sparse_type) == (0.01, 0.01, "adagrad")
-    assert cfg.model == to_config(compose([])).model  # dlrm_v2_small as shipped
+    assert cfg.model == dataclasses.replace(to_config(compose([])).model, dense_buckets=16)  # else dlrm_v2_small
 
 
 @pytest.mark.parametrize(
@@ -77,6 +78,9 @@ def test_criteo_sample_experiment_overrides_only_what_differs() -> None:
         ("model.over_arch_layer_sizes=[64,2]", "model.over_arch_layer_sizes"),
         ("model.multi_hot_sizes=[1,2]", "model.multi_hot_sizes"),
         ("model.interaction=cross", "model.interaction"),
+        ("model.dense_buckets=-1", "model.dense_buckets"),
+        ("model.dense_bucket_width=0", "model.dense_bucket_width"),
+        ("model.dense_bucket_width=-0.5", "model.dense_bucket_width"),
         ("data.batch_size=0", "data.batch_size"),
         ("optimizer.sparse_type=sgd", "optimizer.sparse_type"),
         ("device=tpu", "device"),

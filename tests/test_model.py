@@ -9,7 +9,7 @@ import torch
 
 from dlrm import data as D
 from dlrm.config import compose, to_config
-from dlrm.model import FEATURE_NAMES, build_model
+from dlrm.model import FEATURE_NAMES, BucketedDenseArch, build_model
 
 
 @pytest.mark.parametrize("preset", ["dlrm_v2", "dlrm_v2_small", "dlrm"])
@@ -73,6 +73,54 @@ def test_skip_nonfinite_zeroes_the_update_of_a_bad_batch_and_keeps_good_ones() -
     assert not bool(ok) and float(loss.detach()) == 0.0 and torch.isfinite(logits).all()
     loss.backward()
     assert all(torch.count_nonzero(p.grad) == 0 for p in skip.parameters() if p.grad is not None)
+
+
+def test_dense_buckets_are_exact_one_hots_clamped_at_both_ends() -> None:
+    nan = float("nan")
+    x = torch.tensor([[-1.0, 0.49], [0.5, 1.0], [1.49, 9.0], [0.0, nan]])
+    # width 0.5, 3 buckets: floor(x / 0.5) clamped to [0, 2]; a NaN feature sets no bucket
+    expected = torch.tensor(
+        [
+            [-1.0, 0.49, 1, 0, 0, 1, 0, 0],
+            [0.5, 1.0, 0, 1, 0, 0, 0, 1],
+            [1.49, 9.0, 0, 0, 1, 0, 0, 1],
+            [0.0, nan, 1, 0, 0, 0, 0, 0],
+        ]
+    )
+    got = BucketedDenseArch(2, [4], num_buckets=3, width=0.5).buckets(x)
+    assert got.dtype == torch.float32 and torch.equal(got.nan_to_num(-7.0), expected.nan_to_num(-7.0))
+    # the default width 1.0: bucket floor(x), the last one also taking everything above it
+    x = torch.tensor([[0.0, 0.999, 1.0, 14.99, 15.0, 40.0, -0.5]]).T
+    ones = BucketedDenseArch(1, [4], num_buckets=16).buckets(x)[:, 1:].argwhere()
+    assert ones.tolist() == [[0, 0], [1, 0], [2, 1], [3, 14], [4, 15], [5, 15], [6, 0]]
+
+
+@pytest.mark.parametrize("interaction", ["dcn", "dot"])
+def test_dense_buckets_widen_the_first_bottom_layer_and_keep_every_name(interaction: str) -> None:
+    base = ["model.row_cap=16", f"model.interaction={interaction}"]
+    torch.manual_seed(0)
+    plain = build_model(to_config(compose(base)).model, torch.device("cpu"), torch.device("cpu"))
+    torch.manual_seed(0)
+    cfg = to_config(compose([*base, "model.dense_buckets=16"])).model
+    bucketed = build_model(cfg, torch.device("cpu"), torch.device("cpu"))
+    first = next(m for m in bucketed.model.dense_arch.modules() if isinstance(m, torch.nn.Linear))
+    assert isinstance(bucketed.model.dense_arch, BucketedDenseArch) and first.weight.shape == (64, 13 * (1 + 16))
+    a, b = dict(plain.named_parameters()), dict(bucketed.named_parameters())
+    first_name = next(n for n in b if n.startswith("model.dense_arch.model."))
+    assert list(a) == list(b) and b[first_name] is first.weight and a[first_name].shape == (64, 13)
+    for n in a:  # the bucketed arch is built after the network: every other module starts as without buckets
+        assert a[n].shape == b[n].shape or b[n] is first.weight, n
+        assert n.startswith("model.dense_arch.") or torch.equal(a[n], b[n]), n
+    g = torch.Generator().manual_seed(1)
+    split = D.Split(
+        torch.rand(4, 13, generator=g) * 5,
+        torch.randint(0, 3, (4, 26), generator=g),
+        torch.tensor([0.0, 1, 0, 1]),
+        "train",
+    )
+    loss, (_, logits, _) = bucketed(D.to_batch(split, torch.arange(4), FEATURE_NAMES, None))
+    loss.backward()
+    assert logits.shape == (4,) and torch.count_nonzero(first.weight.grad[:, 13:]) > 0
 
 
 @pytest.mark.parametrize("in_key_order", [False, True])
