@@ -133,7 +133,8 @@ class ModelConfig:
     dense_buckets: int = 0
     """0: off; else that many one-hot buckets per dense feature appended to the bottom MLP's input."""
     dense_bucket_width: float = 1.0
-    """Bucket width in ``log(x + 1)`` units: bucket ``floor(x / width)``, clamped to [0, dense_buckets - 1]."""
+    """Bucket width in units of the dense features as loaded (``log(x + 1)``, or ``log(x - m + 2)`` for days
+    preprocessed with ``--dense-transform mlperf``): bucket ``floor(x / width)``, clamped to [0, dense_buckets - 1]."""
 
     def __post_init__(self) -> None:
         _check(self.interaction in ("dcn", "dot"), "model.interaction", f"got {self.interaction!r}; use dcn or dot")
