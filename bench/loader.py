@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, ModelConfig
 from dlrm.data import binary as B
 from dlrm.data import preprocess as P
 from dlrm.data import train_plan
@@ -30,7 +30,7 @@ from dlrm.model import FEATURE_NAMES
 
 
 def generate(root: str, rows: int, row_cap: int) -> None:
-    table_rows = [min(r, row_cap) for r in MLPERF_NUM_EMBEDDINGS]
+    table_rows = ModelConfig(row_cap=row_cap).table_rows  # the MLPerf tables
     meta_path = os.path.join(root, B.META)
     if os.path.isfile(meta_path):
         meta = json.load(open(meta_path))

@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, ModelConfig
 from dlrm.data import binary as B
 from dlrm.data import multihot as mh_mod
 from dlrm.data import preprocess as P
@@ -159,11 +159,6 @@ def tables_bytes(table_rows: Sequence[int], sizes: Sequence[int]) -> int:
     return sum(table_file_bytes(r, m) for r, m in zip(table_rows, sizes) if m > 1) + len(json.dumps(spec))
 
 
-def capped_table_rows(row_cap: Optional[int]) -> List[int]:
-    """The MLPerf table rows, each at most ``row_cap`` (None or 0: uncapped)."""
-    return [min(r, row_cap) if row_cap else r for r in MLPERF_NUM_EMBEDDINGS]
-
-
 def table_elements(table_rows: Sequence[int], sizes: Sequence[int]) -> int:
     """int32 elements the tables stage writes (``rows x m`` of every table with m > 1)."""
     return sum(r * m for r, m in zip(table_rows, sizes) if m > 1)
@@ -197,7 +192,7 @@ def bench(root: str, days: int, rows_per_day: int, workers: int, row_cap: Option
     os.makedirs(tsv)
     day_ids = list(range(days))
     rows = days * rows_per_day
-    table_rows = capped_table_rows(row_cap)
+    table_rows = ModelConfig(row_cap=row_cap or None).table_rows  # the MLPerf tables; 0: uncapped
     sizes = list(MLPERF_MULTI_HOT_SIZES)
 
     t0 = time.perf_counter()
@@ -409,10 +404,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error("--rows-per-day and --workers must be positive, --row-cap 0 or more")
     root = args.dir or tempfile.mkdtemp(prefix="dlrm_bench_preprocess_")
     os.makedirs(root, exist_ok=True)
-    need, free = (
-        needed_bytes(args.days * args.rows_per_day, capped_table_rows(args.row_cap)),
-        shutil.disk_usage(root).free,
-    )
+    need = needed_bytes(args.days * args.rows_per_day, ModelConfig(row_cap=args.row_cap or None).table_rows)
+    free = shutil.disk_usage(root).free
     if need > free:
         print(
             f"error: --dir {root}: the run needs about {_gb(need)}, {_gb(free)} free; pass a --dir with more space "
