@@ -82,6 +82,7 @@ BASE = [
     "data.multi_hot=true",
 ]
 SMOKE_BASE = ["model=dlrm_v2_small", "model.row_cap=1000", "optimizer.lr=0.004"]
+GRAPHED_ELEMENTWISE = ["perf=fast", "pipeline=graphed", "optimizer.sparse_type=adagrad"]  # MLPerf's optimizer
 NOT_HELD = ["perf.allreduce_after_output_dist=false"]  # the held all-reduce needs an fp32 all-reduce
 BALANCED_PLAN = "conf/plans/dlrm_v2_cap4m_2gpu_table_wise.json"
 
@@ -99,21 +100,11 @@ LEVERS: Dict[str, List[str]] = {
     "fast_elementwise_adagrad": ["perf=fast", "optimizer.sparse_type=adagrad"],
     # one GPU: the step after the input dist replayed as one CUDA graph (dlrm/graphed.py)
     "fast_graphed": ["perf=fast", "pipeline=graphed"],
-    "fast_graphed_elementwise_adagrad": ["perf=fast", "pipeline=graphed", "optimizer.sparse_type=adagrad"],
+    "fast_graphed_elementwise_adagrad": GRAPHED_ELEMENTWISE,
     "fp32_graphed": ["perf=fp32", "pipeline=graphed"],
-    "fast_graphed_elementwise_max_autotune": [
-        "perf=fast",
-        "pipeline=graphed",
-        "optimizer.sparse_type=adagrad",
-        "perf.compile_mode=max-autotune-no-cudagraphs",
-    ],
+    "fast_graphed_elementwise_max_autotune": GRAPHED_ELEMENTWISE + ["perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
-    "fast_graphed_elementwise_fp16_tables": [
-        "perf=fast",
-        "pipeline=graphed",
-        "optimizer.sparse_type=adagrad",
-        "perf.embedding_dtype=fp16",
-    ],
+    "fast_graphed_elementwise_fp16_tables": GRAPHED_ELEMENTWISE + ["perf.embedding_dtype=fp16"],
     "fast_max_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fused_sparse_dist": ["perf=fast", "pipeline=fused_sparse_dist"],
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
