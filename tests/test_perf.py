@@ -690,6 +690,7 @@ def _bench_worker(rank: int, world: int, out: str) -> List[Dict[str, Any]]:
             "--smoke",
             "--variants",
             "stock",
+            "stock_elementwise",
             "fp32",
             "fp16_tables",
             "--profile",
@@ -707,8 +708,9 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "throughput.json").read_text())
     assert data["results"] == json.loads(json.dumps(rows, default=str))
     assert data["meta"]["world"] == 1 and data["meta"]["smoke"] is True and data["meta"]["ids_dtype"] == "int32"
-    # stock runs first and again last (drift check)
-    assert [r["config"] for r in data["results"]] == ["stock", "fp32", "fp16_tables", "stock"]
+    # the stock variants run first and again last (drift check)
+    order = ["stock", "stock_elementwise", "fp32", "fp16_tables", "stock", "stock_elementwise"]
+    assert [r["config"] for r in data["results"]] == order
     for r in data["results"]:
         assert "error" not in r, r
         assert r["batch_per_rank"] == 32 and len(r["ms_repeats"]) == 2 and all(t > 0 for t in r["ms_repeats"])
@@ -725,6 +727,12 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
     assert "breakdown_ms_per_step" in by["fp32"] and "idle_gaps" not in by["fp16_tables"]
     md = (tmp_path / "throughput.md").read_text()
     assert "| fp16_tables | perf.embedding_dtype=fp16 | 32 |" in md and "; KJT ids int32)" in md.splitlines()[0]
+    # ratios: each stock variant's first and last run over the row's ms/step, a range where they differ
+    cells = next(ln for ln in md.splitlines() if ln.startswith("| fp32 |")).split(" | ")
+    for col, kind in ((7, "stock"), (8, "stock_elementwise")):
+        lo, hi = sorted(r["ms_median"] / by["fp32"]["ms_median"] for r in data["results"] if r["config"] == kind)
+        want = f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+        assert cells[col] == want, (col, cells)
 
 
 def test_plan_that_forgets_fp32_adagrad_state_of_fp16_tables_is_refused() -> None:
