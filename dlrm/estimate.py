@@ -26,13 +26,13 @@ EVAL_SAMPLES = 89_137_319
 EVALS_PER_EPOCH = 20
 EPOCHS_TO_TARGET = 0.75
 # 1x H200, MLPerf DLRM-v2 with tables capped at 4 M rows, table_wise, perf=fast, batches on the GPU: ms per step
-# by (optimizer.sparse_type, pipeline=graphed) and per-GPU batch (docs/performance.md, 2026-12-01: 8192 without a
-# graph at f935a56, the rest at 0dc631f / 48a1b76)
+# by (optimizer.sparse_type, pipeline=graphed) and per-GPU batch (docs/performance.md, 2026-12-01: 8192 and the
+# element-wise graph at 32768 at 6879943, the rest at 48a1b76)
 STEP_MS: Dict[Tuple[str, bool], Dict[int, float]] = {
-    ("adagrad", False): {4096: 8.786, 8192: 7.378, 32768: 12.604, 65536: 22.996},
-    ("adagrad", True): {4096: 2.273, 8192: 3.582, 32768: 12.109, 65536: 22.516},
-    ("rowwise_adagrad", False): {4096: 9.940, 8192: 7.802, 32768: 12.352, 65536: 22.122},
-    ("rowwise_adagrad", True): {4096: 2.217, 8192: 3.514, 32768: 11.614, 65536: 21.686},
+    ("adagrad", False): {4096: 8.786, 8192: 9.852, 32768: 12.604, 65536: 22.996},
+    ("adagrad", True): {4096: 2.273, 8192: 3.624, 32768: 11.935, 65536: 22.516},
+    ("rowwise_adagrad", False): {4096: 9.940, 8192: 8.700, 32768: 12.352, 65536: 22.122},
+    ("rowwise_adagrad", True): {4096: 2.217, 8192: 3.596, 32768: 11.614, 65536: 21.686},
 }
 EVAL_SAMPLES_PER_S_PER_GPU = 5.2e6  # train.py's evaluation at batch 32768 on one H200 (6ba4974)
 PUBLISHED = "NVIDIA HugeCTR, 8x H200, MLPerf Training v4.0: 3.47 min to the target, 15.1 M samples/s"
@@ -76,7 +76,7 @@ def step_ms(sparse_type: str, graphed: bool, per_gpu_batch: int) -> float:
 def estimate(global_batch: int, world_size: int, compute_ms: float, comm_ms: float) -> Estimate:
     """The epoch and time-to-target estimate for ``world_size`` GPUs at ``global_batch``, from the per-step
     compute and collective times in ms (module docstring)."""
-    steps = TRAIN_SAMPLES // global_batch
+    steps = -(-TRAIN_SAMPLES // global_batch)  # the trainer's rule too: a last partial batch is one more step
     eval_epoch = EVALS_PER_EPOCH * EVAL_SAMPLES / (world_size * EVAL_SAMPLES_PER_S_PER_GPU)
     lo, hi = steps * compute_ms / 1e3, steps * (compute_ms + comm_ms) / 1e3
     return Estimate(

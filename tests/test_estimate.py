@@ -9,25 +9,28 @@ from __future__ import annotations
 import pytest
 
 from dlrm import estimate as est
+from dlrm.data import steps_per_epoch
 from dlrm.plan import main
 
 
 def test_epoch_and_target_by_hand() -> None:
     e = est.estimate(65536, 8, compute_ms=8.0, comm_ms=1.0)
-    assert e.steps_per_epoch == 64013 and e.per_gpu_batch == 8192  # 4,195,197,692 // 65,536
+    # 4,195,197,692 = 64,013 x 65,536 + 41,724: the partial batch is one more step, as the trainer runs it
+    assert e.steps_per_epoch == 64014 and e.per_gpu_batch == 8192
+    assert e.steps_per_epoch == steps_per_epoch(est.TRAIN_SAMPLES, 65536, 8)
     evals = 20 * 89_137_319 / (8 * 5.2e6)  # 42.85 s of evaluation per epoch
     assert e.eval_per_epoch == pytest.approx(evals, rel=1e-12)
-    assert e.epoch_low == pytest.approx(64013 * 0.008 + evals, rel=1e-12)
-    assert e.epoch_high == pytest.approx(64013 * 0.009 + evals, rel=1e-12)
-    assert e.target_high == pytest.approx(0.75 * (64013 * 0.009 + evals), rel=1e-12)
+    assert e.epoch_low == pytest.approx(64014 * 0.008 + evals, rel=1e-12)
+    assert e.epoch_high == pytest.approx(64014 * 0.009 + evals, rel=1e-12)
+    assert e.target_high == pytest.approx(0.75 * (64014 * 0.009 + evals), rel=1e-12)
     text = est.format_estimate(e, "given")
     assert text.startswith("ESTIMATE (arithmetic on measured figures, not a measurement) for 8 x H200")
     assert "8.00-9.00 ms" in text and "7.3-8.2 M samples/s" in text and "HugeCTR" in text
 
 
 def test_measured_step_is_interpolated_in_the_batch_and_bounded() -> None:
-    assert est.step_ms("adagrad", False, 8192) == 7.378
-    assert est.step_ms("adagrad", False, 16384) == pytest.approx(7.378 + (12.604 - 7.378) / 3, rel=1e-12)
+    assert est.step_ms("adagrad", False, 8192) == 9.852
+    assert est.step_ms("adagrad", False, 16384) == pytest.approx(9.852 + (12.604 - 9.852) / 3, rel=1e-12)
     with pytest.raises(ValueError, match="outside the measured 4096-65536; give --step-ms"):
         est.step_ms("adagrad", True, 131072)
     with pytest.raises(ValueError, match="no measured step for optimizer.sparse_type=sgd"):
@@ -41,7 +44,7 @@ def test_plan_cli_prints_the_estimate(capsys: pytest.CaptureFixture) -> None:
     assert main([*SMALL, "perf=fast", "optimizer.sparse_type=adagrad", "--estimate"]) == 0
     out = capsys.readouterr().out
     assert "ESTIMATE (arithmetic on measured figures, not a measurement) for 2 x H200, 8192 samples per GPU" in out
-    assert "7.38 ms compute (perf=fast on one H200, measured)" in out
+    assert "9.85 ms compute (perf=fast on one H200, measured)" in out
     assert main([*SMALL, "--estimate", "--step-ms", "5"]) == 0
     assert "5.00 ms compute (--step-ms)" in capsys.readouterr().out
 
