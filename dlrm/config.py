@@ -879,8 +879,8 @@ class EvalConfig:
     target_auc: Optional[float] = None
     """Stop once validation AUC reaches this (MLPerf: 0.80275); null: never."""
     auc_method: str = "auto"
-    """``exact`` (every prediction gathered; equals sklearn), ``histogram`` (16 MB of counts per rank, error
-    <= 1e-4) or ``auto`` (exact up to 16 M evaluation rows)."""
+    """``exact`` (every prediction gathered; equals sklearn), ``histogram`` (16 MB of counts per rank, within
+    1e-4 of sklearn in tests) or ``auto`` (exact up to 16 M evaluation rows)."""
 
     def __post_init__(self) -> None:
         _check(self.every_n_steps is None or self.every_n_steps > 0, "eval.every_n_steps", "must be positive or null")
