@@ -103,6 +103,7 @@ TEST_KILL_DURING_SAVE_ENV = "DLRM_TEST_KILL_DURING_SAVE"
 
 # ------------------------------------------------------------------------------------------- directory layout
 def step_dir(root: str, step: int) -> str:
+    """Path of the checkpoint of optimizer step ``step`` under ``root``: ``<root>/step_<step>`` (not checked)."""
     return os.path.join(root, f"step_{step}")
 
 
@@ -128,6 +129,8 @@ def list_checkpoints(root: str) -> List[Tuple[int, str]]:
 
 
 def latest_checkpoint(root: str) -> Optional[str]:
+    """The complete checkpoint of the highest step under ``root`` (:func:`list_checkpoints`), or None if there is
+    none; its files are not verified (:func:`verify_checkpoint`)."""
     ckpts = list_checkpoints(root)
     return ckpts[-1][1] if ckpts else None
 
@@ -156,6 +159,15 @@ def resolve_checkpoint(path: str) -> str:
 
 
 def read_meta(path: str) -> Dict[str, Any]:
+    """The parsed ``meta.json`` of the checkpoint directory ``path`` (UTF-8 JSON).
+
+    Raises:
+        FileNotFoundError: ``path`` has no ``meta.json``.
+        json.JSONDecodeError: ``meta.json`` is not valid JSON (a ``ValueError``).
+        UnicodeDecodeError: ``meta.json`` is not UTF-8 (a ``ValueError``).
+
+    :meth:`Checkpointer.resume` turns each of these into a :class:`CheckpointError` naming the checkpoint.
+    """
     with open(os.path.join(path, META), encoding="utf-8") as f:
         return json.load(f)
 
@@ -318,6 +330,7 @@ class LoadReport:
     skipped: Dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
+        """One line for the log: how many entries were restored and, if any were skipped, each with its reason."""
         if not self.skipped:
             return f"all {len(self.restored)} model and optimizer entries restored"
         return (
@@ -394,6 +407,9 @@ def load_app_state(
 
 # ------------------------------------------------------------------------------------------------- rng state
 def rng_state() -> Dict[str, Any]:
+    """This process's RNG states, for ``rank_<r>.pt``: ``torch`` (CPU generator, uint8 tensor), ``numpy``
+    (``np.random.get_state()`` tuple), ``python`` (``random.getstate()``) and, where CUDA is available, ``cuda``
+    (one uint8 tensor per visible device)."""
     st: Dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
@@ -401,6 +417,13 @@ def rng_state() -> Dict[str, Any]:
 
 
 def set_rng_state(st: Dict[str, Any]) -> None:
+    """Restore the RNG states of :func:`rng_state`. ``cuda`` is restored only when present and CUDA is available
+    (a checkpoint written on CPU leaves the CUDA generators as they are); the ``i``-th saved CUDA state goes to
+    visible device ``i``.
+
+    Raises:
+        KeyError: ``st`` lacks ``torch``, ``numpy`` or ``python``.
+    """
     torch.set_rng_state(st["torch"])
     np.random.set_state(st["numpy"])
     random.setstate(st["python"])

@@ -416,6 +416,7 @@ class OptimizerConfig:
 
     @property
     def embedding_lr(self) -> float:
+        """Learning rate of the embedding tables: ``sparse_lr``, or ``lr`` when it is null."""
         return self.sparse_lr if self.sparse_lr is not None else self.lr
 
 
@@ -463,6 +464,8 @@ class TableConstraintConfig:
     """TorchRec's per-feature batch size hint (rarely needed)."""
 
     def validate(self, prefix: str) -> None:
+        """Raise ConfigError naming ``<prefix>.<field>`` (``sharding.constraints.<table>.<field>``) for an empty or
+        unknown sharding type or compute kernel list, or a ``min_partition`` or pooling factor <= 0."""
         _check_types(self.sharding_types, SHARDING_TYPES, f"{prefix}.sharding_types")
         _check_types(self.compute_kernels, COMPUTE_KERNELS, f"{prefix}.compute_kernels")
         _check(

@@ -20,6 +20,9 @@ from dlrm.config import ConfigError
 
 @dataclass(frozen=True)
 class DistInfo:
+    """This process's place in the job (:func:`init_distributed`): global ``rank``, ``world_size``, ``local_rank``
+    and ``local_world_size`` (ranks on this host), ``device``, and ``backend`` (``nccl`` on CUDA, else ``gloo``)."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -29,6 +32,7 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
+        """Rank 0: the rank that writes the run's files."""
         return self.rank == 0
 
 
@@ -39,7 +43,7 @@ def _free_port() -> int:
 
 
 def resolve_device(name: str, local_rank: int) -> torch.device:
-    """``auto`` | ``cpu`` | ``cuda`` to a concrete device; raises ValueError for ``cuda`` without a GPU."""
+    """``auto`` | ``cpu`` | ``cuda`` to a concrete device; raises ConfigError for ``cuda`` without a GPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":

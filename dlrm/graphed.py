@@ -192,6 +192,19 @@ class GraphedTrainPipeline:
 
     # ------------------------------------------------------------------------------------------ interface
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, ...]:
+        """Train one step on the next batch of ``it`` (eagerly, as the rehearsal, or as a graph replay) while the
+        batch after it is copied to the device.
+
+        Returns:
+            The model's outputs, detached copies: ``(loss, logits, labels)``, loss a float32 scalar, logits
+            float32 ``[B]``, labels ``[B]``; with :class:`dlrm.model.DLRMTrainSkipNonFinite` also ``ok`` (bool
+            scalar).
+
+        Raises:
+            StopIteration: ``it`` had no batch left.
+            BatchError: a batch since the last check had other bag sizes than the captured one (checked every
+                ``CHECK_EVERY`` steps).
+        """
         batch = self._take(it)
         self._steps += 1
         if not self._fits(batch) or self._steps <= WARMUP_STEPS:

@@ -175,6 +175,7 @@ class MetricsLogger:
             print(text, flush=True)
 
     def close(self) -> None:
+        """Close the progress bar, TensorBoard writer, wandb run and ``metrics.jsonl``; a second call does nothing."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -43,14 +43,20 @@ def _dist_on() -> bool:
 
 
 def global_auc(preds: torch.Tensor, labels: torch.Tensor) -> float:
-    """Exact ROC AUC of the predictions of all ranks together.
+    """Exact ROC AUC of the predictions of all ranks together (collective when the world has several ranks:
+    every rank calls it).
 
     Args:
         preds: float ``[n]`` scores (probabilities or logits) of this rank; ``n`` may differ per rank, or be 0.
-        labels: ``[n]`` 0/1 labels.
+        labels: ``[n]`` 0/1 labels of any dtype (the evaluation passes the batches' float32 labels), cast to
+            int64, so a fractional label is truncated toward 0.
 
     Returns:
-        The AUC, identical on every rank; NaN when the gathered labels hold only one class.
+        The AUC, identical on every rank; NaN when the gathered labels hold only one class (or none).
+
+    Raises:
+        RuntimeError: from torchmetrics' ``binary_auroc``: a label other than 0 or 1 after the cast, or ``preds``
+            and ``labels`` of different lengths.
     """
     preds = preds.detach().float().reshape(-1)
     labels = labels.detach().reshape(-1).long()
@@ -74,6 +80,7 @@ class AUCHistogram:
         self.neg = torch.zeros(NUM_BUCKETS, dtype=torch.int64, device=device)
 
     def reset(self) -> None:
+        """Zero both count vectors (this rank's only)."""
         self.pos.zero_()
         self.neg.zero_()
 

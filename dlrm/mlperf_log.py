@@ -46,6 +46,8 @@ class MlperfLogger:
         self._m.logger.propagate = False
 
     def init_start(self) -> None:
+        """Log ``cache_clear``, ``init_start`` and the submission keys (benchmark ``dlrm_dcnv2``, org, division,
+        status, platform from ``logger.mlperf``)."""
         if self.on:
             self._m.event(key=self.c.CACHE_CLEAR, value=True)
             self._m.start(key=self.c.INIT_START)
@@ -67,6 +69,14 @@ class MlperfLogger:
         train_samples: int,
         eval_samples: int,
     ) -> None:
+        """Log the hyperparameters the dlrm_dcnv2 compliance rules check (module docstring), one event each.
+
+        Args:
+            global_batch: samples per step over all ranks.
+            lr: base learning rate (``optimizer.lr``); eps: Adagrad epsilon.
+            warmup, decay_start, decay_steps: the schedule's lengths and start, in steps.
+            train_samples, eval_samples: rows of the training and validation splits.
+        """
         if not self.on:
             return
         c = self.c
@@ -89,11 +99,15 @@ class MlperfLogger:
             self._m.event(key=k, value=v)
 
     def run_start(self) -> None:
+        """Log ``init_stop`` and ``run_start``: set-up is over, the timed run begins."""
         if self.on:
             self._m.end(key=self.c.INIT_STOP)
             self._m.start(key=self.c.RUN_START)
 
     def block_start(self, epoch_num: float, samples: int) -> None:
+        """Log ``block_start`` of the training up to the next evaluation: ``first_epoch_num`` ``epoch_num`` (epochs
+        trained so far, a fraction), ``epoch_count`` 1, ``samples_count`` ``samples`` (training samples seen over
+        all ranks)."""
         if self.on:
             self._m.start(
                 key=self.c.BLOCK_START,
@@ -101,10 +115,14 @@ class MlperfLogger:
             )
 
     def block_stop(self, epoch_num: float, samples: int) -> None:
+        """Log ``block_stop``: ``first_epoch_num`` ``epoch_num`` (the trainer gives epochs trained at the block's
+        end, a fraction), ``samples_count`` ``samples`` (training samples seen over all ranks)."""
         if self.on:
             self._m.end(key=self.c.BLOCK_STOP, metadata={"first_epoch_num": epoch_num, "samples_count": samples})
 
     def eval(self, epoch_num: float, auc: float, samples: int) -> None:
+        """Log ``eval_start``, ``eval_accuracy`` (``auc``, the validation ROC AUC in [0, 1]) and ``eval_stop`` at
+        ``epoch_num`` (epochs trained, a fraction) with ``samples`` training samples seen over all ranks."""
         if self.on:
             meta = {"epoch_num": epoch_num, "samples_count": samples}
             self._m.start(key=self.c.EVAL_START, metadata=meta)
@@ -112,6 +130,8 @@ class MlperfLogger:
             self._m.end(key=self.c.EVAL_STOP, metadata=meta)
 
     def run_stop(self, success: bool, samples: Optional[int] = None) -> None:
+        """Log ``run_stop`` with status ``success`` (target reached) or ``aborted``, and ``samples_count`` (training
+        samples seen over all ranks) when given."""
         if self.on:
             meta: Dict[str, Any] = {"status": self.c.SUCCESS if success else self.c.ABORTED}
             if samples is not None:

@@ -277,14 +277,24 @@ class ZeroCopySparseArch(SparseArch):
     (compiled) dense step, where the gather fuses into the interaction's concatenation. Keys of any other dim take
     TorchRec's path. While TorchRec's pipeline fx-traces the model (inputs are proxies, so the keys cannot be
     compared), TorchRec's path is traced too.
-
-    Returns:
-        ``[B, F, D]`` pooled embeddings in feature order (the TBE output dtype: ``perf.embedding_output_dtype``),
-        or with ``in_key_order=True`` ``(values [B, F, D] in the KeyedTensor's key order, order)`` where
-        ``order`` is None (already feature order) or ``(pos, inv)`` for :func:`to_feature_order`.
     """
 
-    def forward(self, features, in_key_order: bool = False):  # KJT -> Tensor, as SparseArch
+    def forward(  # type: ignore[override]
+        self, features: KeyedJaggedTensor, in_key_order: bool = False
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, Optional[Union[FeatureOrder, BlockOrder]]]]:
+        """Look up ``features`` (a KJT of the model's features, batch ``B``) and pool them.
+
+        Returns:
+            ``[B, F, D]`` pooled embeddings in feature order, in the TBE output dtype
+            (``perf.embedding_output_dtype``). With ``in_key_order=True``, ``(values, order)`` for
+            :func:`to_feature_order`: ``values`` ``[B, F, D]`` in the ``KeyedTensor``'s key order with ``order``
+            None (already feature order) or ``(pos, inv)``, or ``[B, F * D]`` in rank-block layout
+            (``perf.lean_output_dist``) with ``order`` ``(rows, inv_rows, grad_divisor)``.
+
+        Raises:
+            RuntimeError: rank blocks that do not hold whole features of dim ``D`` (``perf.lean_output_dist`` on a
+                plan other than table_wise).
+        """
         if compat.is_fx_tracing():
             out = super().forward(features)
             return (out, None) if in_key_order else out
@@ -383,6 +393,9 @@ class AutocastLowRankCrossNet(LowRankCrossNet):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``x_L`` after the ``num_layers`` cross layers: ``input`` ``[B, in_features]`` -> ``[B, in_features]`` in
+        the dtype of the first layer's products: the autocast dtype under autocast, else the parameters' (fp32),
+        which ``input`` must then have."""
         x_0 = input
         x_l = x_0
         for layer in range(compat.cross_net_num_layers(self)):
@@ -484,6 +497,9 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
         labels: torch.Tensor,
         order: Optional[Union[FeatureOrder, BlockOrder]] = None,
     ) -> Tuple[torch.Tensor, ...]:
+        """``(loss, logits, labels, ok)``: ``ok`` a bool scalar, true when every dense feature is finite and every
+        label 0 or 1; non-finite dense features and other labels are replaced by 0 (labels float32 ``[B]``), and
+        the loss is multiplied by ``ok``."""
         labels = labels.float()
         ok = torch.isfinite(dense).all() & ((labels == 0) | (labels == 1)).all()
         dense = torch.where(torch.isfinite(dense), dense, torch.zeros_like(dense))
@@ -534,6 +550,8 @@ class BucketedDenseArch(DenseArch):
         return torch.cat([features, (b.unsqueeze(-1) == ids).to(features.dtype).flatten(1)], dim=1)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``[B, in_features]`` -> ``[B, layer_sizes[-1]]``: TorchRec's MLP (ReLU after every layer, as
+        ``DenseArch``) over :meth:`buckets`."""
         return self.model(self.buckets(features))
 
 

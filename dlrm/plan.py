@@ -157,6 +157,8 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m dlrm.plan [OVERRIDES] [world_size=N] ...`` (module docstring; ``sys.argv`` when ``argv`` is None);
+    returns the exit status: 0, or 2 after one ``error:`` line on stderr for a config, plan or estimate error."""
     # TorchRec's planner warns about meta-device dry runs and direct Topology construction: noise here.
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("torchrec").setLevel(logging.ERROR)

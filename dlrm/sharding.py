@@ -70,6 +70,8 @@ class EmbeddingBagSharder(EmbeddingBagCollectionSharder):
     """
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
+        """TorchRec's sharding types for ``compute_device_type`` (``cuda``, ``cpu``, ...), plus row_wise,
+        table_row_wise and grid_shard on ``cpu``."""
         types = list(super().sharding_types(compute_device_type))
         if compute_device_type == "cpu":
             for t in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
@@ -396,6 +398,9 @@ class DeterministicEnumerator(EmbeddingEnumerator):
     topology and config give the same plan."""
 
     def enumerate(self, module: torch.nn.Module, sharders: List[Any]) -> List[Any]:
+        """TorchRec's ``ShardingOption`` list for ``module``, sorted by table (first appearance), then sharding type
+        (``ShardingType`` order), then compute kernel (fused, fused_uvm, fused_uvm_caching, dense, then others by
+        name); options equal in all three keep TorchRec's order."""
         options = super().enumerate(module, sharders)
         first = {}
         for i, so in enumerate(options):

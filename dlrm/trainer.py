@@ -214,6 +214,24 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
+        """Prepare the run (collective: every rank calls it): join the process group, write ``config.yaml`` and
+        ``plan.json`` (rank 0), load the splits, choose and verify the checkpoint to resume from, plan and shard
+        the model, build the optimizers, schedule and pipeline, then restore the checkpoint if there is one.
+
+        Raises:
+            ConfigError: a config value this run cannot use: a device, offload, perf or pipeline setting this
+                device or world cannot run, ``data.global_batch_size`` not a multiple of the world size, fewer
+                training rows than ranks, ``checkpoint.resume`` naming no checkpoint, a checkpoint of another
+                global batch.
+            InputError: other bad input, as the subclass that names the file, row or table: a data file
+                (``TsvFormatError``, ``BinaryFormatError``; a directory given as a file), the sharding
+                (``PlanError``), a damaged or mismatched checkpoint (``CheckpointError``).
+            FileNotFoundError: a data file named by the config does not exist.
+            RuntimeError: ``WORLD_SIZE > 1`` without ``MASTER_ADDR`` (not launched by torchrun or torchx).
+
+        ``train.py`` prints ``InputError`` (``ConfigError`` is one) and ``FileNotFoundError`` as one ``error:``
+        line and exits with status 2 (``dlrm/cli.py``).
+        """
         cfg = self.cfg
         self.info = info = init_distributed(cfg.device)
         check_can_train(cfg.offload, info.device)  # before loading data: offload needs CUDA

@@ -80,6 +80,7 @@ class Split:
 
     @property
     def device(self) -> torch.device:
+        """The device the rows are on (that of ``ids``; :meth:`to` keeps all three tensors together)."""
         return self.ids.device
 
     def describe_rows(self, start: int, stop: int) -> str:
@@ -99,7 +100,7 @@ class MultiHot:
     order), so every rank, and the reference, derive the same bags.
 
     Raises:
-        ValueError: the expansion tables would exceed ``MULTI_HOT_MAX_BYTES``; the message names the fix.
+        ConfigError: the expansion tables would exceed ``MULTI_HOT_MAX_BYTES``; the message names the fix.
     """
 
     def __init__(self, table_rows: Sequence[int], sizes: Sequence[int], seed: int = 0) -> None:
@@ -129,6 +130,7 @@ class MultiHot:
         return out
 
     def nbytes(self) -> int:
+        """Bytes held by the expansion tables (0 when every size is 1)."""
         return sum(tab.numel() * tab.element_size() for tab in self.tables if tab is not None)
 
 
@@ -243,6 +245,9 @@ def train_batches(
 
 
 def steps_per_epoch(n_rows: int, global_batch: int, world_size: int) -> int:
+    """Training steps in one epoch of ``n_rows`` rows: ``ceil(n_rows / global_batch)``, the last partial global
+    batch included, except when it has fewer rows than ``world_size`` (:func:`train_plan`); 0 when ``n_rows <
+    world_size``."""
     return len(train_plan(n_rows, global_batch, world_size))
 
 
@@ -273,6 +278,10 @@ def eval_batches(
     same number of full-size batches, so sharded collectives never wait on a rank that ran out: rows past the
     end of a share are padding (copies of row 0) with weight 0.0; real rows have weight 1.0. A rank whose
     share is empty yields only padding.
+
+    Yields:
+        ``batch``: a ``Batch`` of ``batch_size`` rows (an in-memory split's on its device, :func:`to_batch`).
+        ``weight``: float32 ``[batch_size]``, on the CPU whatever the split's device.
     """
     if not isinstance(split, Split):  # data=criteo_binary (dlrm/data/binary.py), same layout
         from dlrm.data import binary

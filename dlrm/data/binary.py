@@ -92,11 +92,15 @@ class NpyWriter:
         self.f.write(_header(self.dtype, (0,) if cols is None else (0, cols)))
 
     def append(self, arr: np.ndarray) -> None:
+        """Write the rows of ``arr`` (``[n, cols]``, or ``[n]`` when ``cols`` is None; not checked), converted to
+        the writer's dtype in C order."""
         arr = np.ascontiguousarray(arr, dtype=self.dtype)
         self.f.write(arr.data)
         self.rows += arr.shape[0]
 
     def close(self) -> int:
+        """Rewrite the header with the row count, close the file (still ``path + '.partial'``) and return the
+        count."""
         self.f.seek(0)
         self.f.write(_header(self.dtype, (self.rows,) if self.cols is None else (self.rows, self.cols)))
         self.f.close()
@@ -104,6 +108,7 @@ class NpyWriter:
 
 
 def sha256_file(path: str) -> str:
+    """Hex SHA-256 of the file at ``path``, read in 16 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
@@ -831,6 +836,8 @@ def write_dataset(
 
 
 def write_meta(root: str, meta: Dict[str, Any]) -> None:
+    """Write ``meta`` as ``<root>/meta.json`` (indented JSON) through ``meta.json.partial`` and a rename, so a reader
+    sees the old file or the new one, never part of one."""
     tmp = os.path.join(root, META + ".partial")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1)

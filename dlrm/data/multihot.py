@@ -33,6 +33,7 @@ CHUNK_ROWS = 1 << 17
 
 
 def table_path(out_dir: str, t: int) -> str:
+    """Path of table ``t``'s expansion table in ``out_dir``: ``table_XX.npy``, ``t`` zero-padded to two digits."""
     return os.path.join(out_dir, f"table_{t:02d}.npy")
 
 
