@@ -49,7 +49,10 @@ def setup_logging(rank: int, run_dir: Optional[str]) -> None:
         fh.addFilter(_OursOr(logging.INFO, logging.WARNING))
         root.addHandler(fh)
     root.setLevel(logging.INFO)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # is_fx_tracing notice, every start
+    # imported here, not at the top: dlrm.cli imports this module before TorchRec's version is checked
+    from dlrm.torchrec_compat import FX_TRACE_LOGGER
+
+    logging.getLogger(FX_TRACE_LOGGER).setLevel(logging.ERROR)  # is_fx_tracing notice, every start
     quiet_known_warnings()
 
 

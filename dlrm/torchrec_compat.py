@@ -7,9 +7,12 @@ DCN's residual stream in the autocast dtype (``perf.dcn_residual_dtype``, :mod:`
 name for a few more: the pinned-copy helpers of ``torch.distributed.checkpoint`` (:mod:`dlrm.checkpoint`), the
 sharding-spec classes a loaded ``plan.json`` is rebuilt from (:mod:`dlrm.sharding`), dynamo's settings for a
 compiled step under DDP and TorchRec's fx trace (:mod:`dlrm.perf`), the autograd engine's end-of-backward callback
-(:mod:`dlrm.comms`), and the dispatch mode that sees every collective a step issues (what ``tests/test_traffic.py``
-checks :mod:`dlrm.traffic` against). Every one of them is reached through a function of
-this module and listed in :data:`PRIVATE_NAMES`; no other module of the project touches them.
+(:mod:`dlrm.comms`), the logger of torch.fx's tracer (:mod:`dlrm.loggers` quiets its notice), and, for the
+tests, the dispatch mode that sees every collective a step issues (what ``tests/test_traffic.py`` checks
+:mod:`dlrm.traffic` against), DDP's record of its communication hook and dynamo's compile counters (what
+``tests/test_perf.py`` checks ``perf.allreduce_dtype`` and ``perf.compile_ddp_split`` by). Every one of them is
+reached through a function or constant of this module and listed in :data:`PRIVATE_NAMES`; no other module of the
+project touches them.
 ``tests/test_torchrec_compat.py`` checks each one by behaviour (it exists and does what the trainer relies on), so
 a TorchRec or torch upgrade that changes one fails there, naming it.
 
@@ -22,12 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 import torchrec
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata  # noqa: F401 (re-export)
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
 from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
@@ -57,6 +61,7 @@ PRIVATE_NAMES: Dict[str, str] = {
     "PooledEmbeddingsAllToAll._callbacks": "callbacks applied to the received pooled embeddings",
     "LowRankCrossNet._num_layers": "number of DCNv2 cross layers (its parameters are lists per layer)",
     "torch.fx._symbolic_trace.is_fx_symbolic_tracing": "true inside torch.fx symbolic tracing (TorchRec's pipeline)",
+    "torch.fx._symbolic_trace.log": "the fx tracer's logger (its is_fx_tracing notice repeats on every start)",
     "torch.distributed._state_dict_utils._create_cpu_state_dict": "pinned host copies of a (sharded) state dict",
     "torch.distributed._state_dict_utils._copy_state_dict": "copy a state dict into those host copies",
     "torch.distributed._shard.sharding_spec.EnumerableShardingSpec": "the sharding spec of a loaded plan",
@@ -64,6 +69,8 @@ PRIVATE_NAMES: Dict[str, str] = {
     "torch._dynamo.config.error_on_nested_fx_trace": "let TorchRec's fx trace run the uncompiled dense step",
     "torch._dynamo.config.optimize_ddp": "dynamo's split of a compiled step at DDP's gradient buckets",
     "torch._dynamo.reset": "drop compiled code, so each build compiles under its own settings",
+    "torch._dynamo.utils.counters": "dynamo's compile counters: frames captured, graphs AOTAutograd compiled",
+    "DistributedDataParallel._get_ddp_logging_data": "DDP's record of its setup; comm_hook: the hook registered",
     "torch.autograd.Variable._execution_engine.queue_callback": "run a function at the end of the backward pass",
     "torch.cuda._sleep": "a kernel that spins for a number of GPU cycles (the bench's GPU probe)",
     "torch.distributed.checkpoint.filesystem._StorageInfo.relative_path": "the file a DCP write result went to",
@@ -246,6 +253,11 @@ def is_fx_tracing() -> bool:
     return getattr(fx, "is_fx_symbolic_tracing", fx.is_fx_tracing)()
 
 
+# the logger ``torch.fx._symbolic_trace`` logs through (its module name): TorchRec's calls of ``is_fx_tracing`` make
+# it warn that the flag also covers torch.export, on every start
+FX_TRACE_LOGGER = "torch.fx._symbolic_trace"
+
+
 # --------------------------------------------------------------------------------------------- checkpoints
 def create_cpu_state_dict(state_dict: Dict[str, Any], pin_memory: bool = True) -> Dict[str, Any]:
     """Host buffers shaped like ``state_dict`` (``ShardedTensor`` included), pinned by default."""
@@ -285,6 +297,44 @@ def set_dynamo_for_compiled_step(split_at_ddp_buckets: bool) -> None:
     torch._dynamo.config.error_on_nested_fx_trace = False
     torch._dynamo.config.optimize_ddp = split_at_ddp_buckets
     torch._dynamo.reset()
+
+
+def dynamo_optimize_ddp() -> Union[bool, str]:
+    """dynamo's ``optimize_ddp`` setting, as :func:`set_dynamo_for_compiled_step` left it (True: a compiled step
+    under DDP is split at the gradient buckets; False: one graph)."""
+    import torch._dynamo
+
+    return torch._dynamo.config.optimize_ddp
+
+
+def dynamo_count(section: str, name: str) -> int:
+    """One of dynamo's process-wide compile counters, 0 before it first counts: ``("stats", "unique_graphs")``
+    counts the frames dynamo captured as graphs, ``("aot_autograd", "total")`` the graphs AOTAutograd compiled
+    (a step split at DDP's gradient buckets: one per piece).
+
+    Raises:
+        MissingInternalError: dynamo keeps no such counters.
+    """
+    import torch._dynamo.utils
+
+    counters = getattr(torch._dynamo.utils, "counters", None)
+    if not isinstance(counters, dict):
+        raise _missing("torch._dynamo.utils.counters", "torch._dynamo.utils")
+    return int(counters[section][name])
+
+
+# ------------------------------------------------------------------------------------------- data parallel
+def ddp_comm_hook_name(ddp: DistributedDataParallel) -> Optional[str]:
+    """The communication hook DDP records as registered on ``ddp``: the hook function's qualified name (e.g.
+    ``"fp16_compress_hook"``, what TorchRec registers for ``allreduce_comm_precision="fp16"``); None without one.
+
+    Raises:
+        MissingInternalError: DDP has no ``_get_ddp_logging_data``.
+    """
+    get = getattr(ddp, "_get_ddp_logging_data", None)
+    if not callable(get):
+        raise _missing("DistributedDataParallel._get_ddp_logging_data", type(ddp).__name__)
+    return get().get("comm_hook")
 
 
 # -------------------------------------------------------------------------------------------------- autograd

@@ -496,7 +496,7 @@ def test_damaged_checkpoint_end_to_end(two_checkpoints: Path, tmp_path: Path) ->
 # ------------------------------------------------------------------------------------------------- CUDA (GPU)
 def _local_pieces(state: dict) -> Dict[str, List[tuple]]:
     """name -> [(offsets, tensor)] of this rank's data (ShardedTensor: its local shards), cloned on the device."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torchrec.distributed import ShardedTensor
 
     from dlrm.checkpoint import _flatten
 

@@ -19,8 +19,10 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
+from torchrec.distributed.model_parallel import get_module
 
 from conftest import REPO, run_gloo
+from dlrm import torchrec_compat as compat
 from dlrm.config import ConfigError, compose, to_config
 from dlrm.dist import DistInfo
 from dlrm.model import FEATURE_NAMES, build_model
@@ -535,22 +537,20 @@ def _train(overrides: List[str], batches: list, base: List[str] = TINY, hooks: A
     )
     res["compiled"] = list(dmp.module.compiled_parts)
     res["setup_compiled"] = built.perf.compiled
-    res["bucket_bytes_cap"] = dmp._dmp_wrapped_module.bucket_bytes_cap  # DDP's, as TorchRec built it
-    res["optimize_ddp"] = torch._dynamo.config.optimize_ddp  # what the step compiled under
+    res["bucket_bytes_cap"] = get_module(dmp).bucket_bytes_cap  # DDP's, as TorchRec built it
+    res["optimize_ddp"] = compat.dynamo_optimize_ddp()  # what the step compiled under
     res["crossnet"] = type(dmp.module.model.inter_arch.crossnet).__name__
     return res
 
 
 def _train_worker(rank: int, world: int) -> Dict[str, Any]:
-    import torch._dynamo.utils
-
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     batches = _batches(STEPS, seed=7)
     out = {"fp32": _train([], batches)}
     out["compile"] = _train(["perf.compile=true"], batches)
-    out["unique_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    out["unique_graphs"] = compat.dynamo_count("stats", "unique_graphs")
     out["one_graph"] = _train(
         ["perf.compile=true", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=1"], batches
     )
@@ -558,11 +558,11 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     # graphs AOTAutograd compiles
     wide = [o for o in TINY if not o.startswith("model.over_arch")] + ["model.over_arch_layer_sizes=[1024,256,1]"]
     for name, split in (("wide_split", "true"), ("wide_one_graph", "false")):
-        before = torch._dynamo.utils.counters["aot_autograd"]["total"]
+        before = compat.dynamo_count("aot_autograd", "total")
         out[name] = _train(
             ["perf.compile=true", f"perf.compile_ddp_split={split}", "perf.ddp_bucket_cap_mb=1"], batches, base=wide
         )
-        out[name]["graphs"] = torch._dynamo.utils.counters["aot_autograd"]["total"] - before
+        out[name]["graphs"] = compat.dynamo_count("aot_autograd", "total") - before
     out["fp16"] = _train(["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=fp16"], batches)
     # perf=fast as it runs on CPU (fp32 pooled embeddings): bf16 autocast with the bf16 DCN stream, one graph
     out["fast"] = _train(["perf=fast", "perf.embedding_output_dtype=fp32", "model.dcn_num_layers=2"], batches)
@@ -872,8 +872,8 @@ def _reduced_grads(info: Any, dtype: str, rank: int) -> Dict[str, Any]:
     flat = torch.cat([x.reshape(-1) for x in local])
     both = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(both, flat)
-    ddp = dmp._dmp_wrapped_module
-    hook = ddp._get_ddp_logging_data().get("comm_hook")
+    ddp = get_module(dmp)  # DMP's DDP wrapper
+    hook = compat.ddp_comm_hook_name(ddp)
     return {"locals": both, "reduced": reduced, "hook": hook, "ddp_group": ddp.process_group}
 
 

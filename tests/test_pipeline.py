@@ -195,6 +195,7 @@ def _is_input_dist_site(qualname: str) -> bool:
 
 def _worker(rank: int, world: int) -> Dict[str, Any]:
     from torchrec.distributed.dist_data import KJTAllToAll
+    from torchrec.distributed.model_parallel import get_module
 
     from dlrm import comms
     from dlrm.pipeline import build_pipeline
@@ -255,7 +256,7 @@ def _worker(rank: int, world: int) -> Dict[str, Any]:
                 "steps": steps[0],
                 "equal": len(losses) == len(ref_epochs) and all(torch.equal(a, b) for a, b in zip(losses, ref_epochs)),
             }
-    ddp = getattr(dmp, "_dmp_wrapped_module", None)
+    ddp = get_module(dmp)  # DMP's DDP wrapper
     res["ddp_group_is_dedicated"] = getattr(ddp, "process_group", None) is comms.input_dist_group()
     res["isinstance_kjta2a"] = KJTAllToAll.__name__
     return res

@@ -101,6 +101,13 @@ def _sharded_worker(rank: int, world: int) -> Dict[str, Any]:
         dmp(kjt).values().sum().backward()
         ddp(torch.ones(2, 4)).sum().backward()
     out["collectives"] = calls
+    # DDP's record of its communication hook: none registered, then the fp16 one TorchRec registers
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+    out["comm_hook_none"] = compat.ddp_comm_hook_name(ddp)
+    ddp_fp16 = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
+    ddp_fp16.register_comm_hook(None, fp16_compress_hook)
+    out["comm_hook_fp16"] = compat.ddp_comm_hook_name(ddp_fp16)
     # the pinned-copy helpers of DCP on this sharded state dict (no pinning on a CPU-only machine)
     sd = dmp.state_dict()
     cpu = compat.create_cpu_state_dict(sd, pin_memory=False)
@@ -155,6 +162,11 @@ def _check_record_collectives(results: List[Dict[str, Any]]) -> None:
         assert {(c.send_bytes, c.recv_bytes) for c in calls if c.op == "reduce_scatter"} == {(128, 64)}
         assert {(c.send_bytes, c.recv_bytes) for c in calls if c.op == "all_gather"} == {(64, 128)}
         assert [(c.dtype, c.send_bytes) for c in calls if c.op == "all_reduce"] == [("float32", 60)]
+
+
+def _check_ddp_comm_hook(results: List[Dict[str, Any]]) -> None:
+    for r in results:
+        assert (r["comm_hook_none"], r["comm_hook_fp16"]) == (None, "fp16_compress_hook"), r
 
 
 def _check_state_dict_utils(results: List[Dict[str, Any]]) -> None:
@@ -212,9 +224,55 @@ def _check_dynamo() -> None:
 
     gm = torch.fx.symbolic_trace(UsesCompiled())  # TorchRec's trace of a model with a compiled step: no error
     assert torch.equal(gm(torch.ones(2)), torch.full((2,), 2.0))
+    assert compat.dynamo_optimize_ddp() is False
     compat.set_dynamo_for_compiled_step(split_at_ddp_buckets=True)
-    assert torch._dynamo.config.optimize_ddp is True
+    assert torch._dynamo.config.optimize_ddp is True and compat.dynamo_optimize_ddp() is True
     assert torch._dynamo.config.error_on_nested_fx_trace is False
+
+
+def _check_dynamo_counters() -> None:
+    """One function without graph breaks, compiled with a backward: dynamo captures one frame and AOTAutograd
+    compiles one graph; dynamo's eager backend captures without AOTAutograd."""
+
+    def counts() -> tuple:
+        return compat.dynamo_count("stats", "unique_graphs"), compat.dynamo_count("aot_autograd", "total")
+
+    graphs, aot = counts()
+    x = torch.ones(2, requires_grad=True)
+    torch.compile(lambda t: (t * 3).sum(), backend="aot_eager")(x).backward()
+    assert counts() == (graphs + 1, aot + 1)
+    assert torch.equal(x.grad, torch.full((2,), 3.0))
+    torch.compile(lambda t: t - 1, backend="eager")(x)
+    assert counts() == (graphs + 2, aot + 1)
+
+
+def _check_fx_trace_logger() -> None:
+    """``is_fx_tracing``'s notice (TorchRec calls it) goes to the logger named ``FX_TRACE_LOGGER``, and that
+    logger's level silences it (what ``dlrm.loggers.setup_logging`` sets)."""
+    import logging
+
+    fx = torch.fx._symbolic_trace
+    logger = logging.getLogger(compat.FX_TRACE_LOGGER)
+    seen: List[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    level = logger.level
+    # torch 2.13 logs the notice once per process, through an lru_cache'd function: forget that it did
+    forget = getattr(getattr(fx, "is_fx_tracing_warning", None), "cache_clear", lambda: None)
+    logger.addHandler(handler)
+    try:
+        for set_level in (logging.WARNING, logging.ERROR):
+            logger.setLevel(set_level)
+            forget()
+            fx.is_fx_tracing()
+        assert len(seen) == 1 and "is_fx_tracing will return true" in seen[0], seen
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _check_end_of_backward_callback() -> None:
@@ -285,6 +343,7 @@ CHECKS = {
     "PooledEmbeddingsAllToAll._callbacks": _check_pooled_a2a,
     "LowRankCrossNet._num_layers": _check_cross_net,
     "torch.fx._symbolic_trace.is_fx_symbolic_tracing": _check_fx_tracing,
+    "torch.fx._symbolic_trace.log": _check_fx_trace_logger,
     "torch.distributed._state_dict_utils._create_cpu_state_dict": _check_state_dict_utils,
     "torch.distributed._state_dict_utils._copy_state_dict": _check_state_dict_utils,
     "torch.distributed._shard.sharding_spec.EnumerableShardingSpec": _check_sharding_spec,
@@ -292,6 +351,8 @@ CHECKS = {
     "torch._dynamo.config.error_on_nested_fx_trace": _check_dynamo,
     "torch._dynamo.config.optimize_ddp": _check_dynamo,
     "torch._dynamo.reset": _check_dynamo,
+    "torch._dynamo.utils.counters": _check_dynamo_counters,
+    "DistributedDataParallel._get_ddp_logging_data": _check_ddp_comm_hook,
     "torch.autograd.Variable._execution_engine.queue_callback": _check_end_of_backward_callback,
     "torch.cuda._sleep": _check_gpu_spin,
     "torch.distributed.checkpoint.filesystem._StorageInfo.relative_path": _check_written_files,
@@ -305,6 +366,7 @@ NEEDS_SHARDED = {
     _check_pooled_a2a,
     _check_state_dict_utils,
     _check_record_collectives,
+    _check_ddp_comm_hook,
 }
 
 
