@@ -17,16 +17,23 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parent.parent
-CRITEO_DIR = REPO.parent / "shared" / "data" / "criteo"
+# real Criteo rows (Criteo's, CC BY-NC-SA 4.0: never committed), from $DLRM_CRITEO_DIR (default: beside the checkout)
+CRITEO_DIR_ENV = "DLRM_CRITEO_DIR"
+CRITEO_DIR = Path(os.environ.get(CRITEO_DIR_ENV) or REPO.parent / "shared" / "data" / "criteo")
 KAGGLE_SAMPLE = CRITEO_DIR / "kaggle_train_head10k.tsv"
 TB_SAMPLE = CRITEO_DIR / "terabyte_day0_head1000.tsv"
 
-# real Criteo rows (Criteo's, CC BY-NC-SA 4.0: never committed) read from beside the checkout
+
+def _missing_sample(path: Path, what: str) -> str:
+    return f"needs {path.name} ({what}) in {path.parent}; set {CRITEO_DIR_ENV} to the folder that holds it"
+
+
 needs_kaggle = pytest.mark.skipif(
-    not KAGGLE_SAMPLE.is_file(), reason=f"needs the first 10,000 lines of Criteo Kaggle train.txt at {KAGGLE_SAMPLE}"
+    not KAGGLE_SAMPLE.is_file(),
+    reason=_missing_sample(KAGGLE_SAMPLE, "the first 10,000 lines of Criteo Kaggle train.txt"),
 )
 needs_tb = pytest.mark.skipif(
-    not TB_SAMPLE.is_file(), reason=f"needs the first 1,000 lines of Criteo 1TB day_0 at {TB_SAMPLE}"
+    not TB_SAMPLE.is_file(), reason=_missing_sample(TB_SAMPLE, "the first 1,000 lines of Criteo 1TB day_0")
 )
 
 

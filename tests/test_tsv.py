@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle
+from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
 from dlrm.config import InputError
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
@@ -89,7 +89,7 @@ def test_real_kaggle_sample() -> None:
     assert rows.cats.max() < 2**32 and rows.ints.min() >= 0
 
 
-@pytest.mark.skipif(not TB_SAMPLE.is_file(), reason=f"{TB_SAMPLE} not found")
+@needs_tb
 def test_real_terabyte_sample() -> None:
     rows = read_tsv(str(TB_SAMPLE))
     assert len(rows) == 1000 and round(float(rows.labels.mean()), 3) == 0.021
