@@ -27,7 +27,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dlrm.config import register_configs
+from dlrm.config import InputError, register_configs
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
@@ -52,14 +52,15 @@ def job_name(env: Mapping[str, str]) -> Optional[str]:
         by ``_``.
 
     Raises:
-        ValueError: ``$DLRM_RUN_NAME`` is not a plain directory name (``[A-Za-z0-9][A-Za-z0-9._-]*``).
+        InputError: ``$DLRM_RUN_NAME`` is not a plain directory name (``[A-Za-z0-9][A-Za-z0-9._-]*``).
     """
     user = env.get(RUN_NAME_ENV)
     if user is not None:
         if not _NAME_OK.fullmatch(user):
-            raise ValueError(
-                f"${RUN_NAME_ENV}={user!r} is not a plain directory name; use letters, digits, "
-                f"'.', '_' and '-' (for another parent directory set ${OUTPUT_ROOT_ENV})"
+            raise InputError(
+                f"environment variable ${RUN_NAME_ENV}={user!r} is not a plain directory name; set it to letters, "
+                f"digits, '.', '_' and '-', starting with a letter or digit, or unset it (for another parent "
+                f"directory set ${OUTPUT_ROOT_ENV})"
             )
         return user
     for value in (env.get("TORCHX_JOB_ID", "").rstrip("/").rpartition("/")[2], env.get("TORCHELASTIC_RUN_ID", "")):
@@ -73,12 +74,8 @@ def _has_override(argv: Sequence[str], key: str) -> bool:
 
 
 def _quote(path: str) -> str:
-    """Quote a path for Hydra's override grammar (``=``, ``,``, spaces and brackets would split it)."""
-    if "'" in path or "\\" in path:
-        raise ValueError(
-            f"${OUTPUT_ROOT_ENV}={path!r}: quotes and backslashes are not supported in the output "
-            "root; choose another directory"
-        )
+    """Quote a path for Hydra's override grammar (``=``, ``,``, spaces and brackets would split it); the path has
+    no quote or backslash (job names cannot, and :func:`run_dir_overrides` refuses them in the root)."""
     return f"'{path}'"
 
 
@@ -95,6 +92,10 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
         ranks other than 0, ``hydra.run.dir=<root>`` (the Trainer takes rank 0's directory, so no other rank
         makes a timestamped one of its own), and on rank 0 the timestamped default under ``<root>`` when
         ``$DLRM_OUTPUT_ROOT`` is set. Nothing about the run dir when ``argv`` sets ``hydra.run.dir``.
+
+    Raises:
+        InputError: ``$DLRM_RUN_NAME`` is not a plain directory name, or ``$DLRM_OUTPUT_ROOT`` holds a quote or
+            a backslash (Hydra's override grammar cannot quote them); the message names the variable and the fix.
     """
     rank = int(env.get("RANK", "0"))
     out: List[str] = []
@@ -103,6 +104,11 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     if _has_override(argv, "hydra.run.dir"):
         return out
     root = env.get(OUTPUT_ROOT_ENV) or DEFAULT_OUTPUT_ROOT
+    if "'" in root or "\\" in root:
+        raise InputError(
+            f"environment variable ${OUTPUT_ROOT_ENV}={root!r}: quotes and backslashes are not supported in the "
+            f"output root; set it to a directory without them (or pass hydra.run.dir=<dir>)"
+        )
     name = job_name(env)
     if name is not None:
         out.append(f"hydra.run.dir={_quote(os.path.join(root, name))}")
@@ -152,8 +158,16 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Entry point of ``train.py`` and ``dlrm-train``: name the run directory from the job, then run Hydra."""
-    sys.argv.extend(run_dir_overrides(sys.argv[1:], os.environ))
+    """Entry point of ``train.py`` and ``dlrm-train``: name the run directory from the job, then run Hydra.
+
+    A bad ``$DLRM_RUN_NAME`` or ``$DLRM_OUTPUT_ROOT`` stops it before Hydra starts: one ``error:`` line, exit 2.
+    """
+    try:
+        overrides = run_dir_overrides(sys.argv[1:], os.environ)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    sys.argv.extend(overrides)
     hydra_main()
 
 

@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from conftest import REPO
+from dlrm import cli
 from dlrm.cli import _NAME_OK, job_name, run_dir_overrides
+from dlrm.config import InputError
 from launch.components import RUN_NAME_RE, trainer
 
 BIN = Path(sys.executable).parent
@@ -65,7 +67,7 @@ def test_job_name_sources_in_order(env: Dict[str, str], name: str) -> None:
 
 @pytest.mark.parametrize("bad", ["", "../up", "a/b", "-x", "a b"])
 def test_bad_run_name_is_refused_naming_the_variable(bad: str) -> None:
-    with pytest.raises(ValueError, match=r"\$DLRM_RUN_NAME=.* is not a plain directory name"):
+    with pytest.raises(InputError, match=r"^environment variable \$DLRM_RUN_NAME=.* is not a plain directory name"):
         job_name({"DLRM_RUN_NAME": bad})
     with pytest.raises(ValueError, match="--run_name"):
         trainer(run_name=bad)
@@ -93,8 +95,44 @@ def test_run_dir_overrides() -> None:
         "hydra.run.dir='outputs'",
     ]
     assert run_dir_overrides([], {"DLRM_OUTPUT_ROOT": "/r"}) == ["hydra.run.dir='/r/${now:%Y-%m-%d}/${now:%H-%M-%S}'"]
-    with pytest.raises(ValueError, match="DLRM_OUTPUT_ROOT"):
+    with pytest.raises(InputError, match="DLRM_OUTPUT_ROOT"):
         run_dir_overrides([], {**job, "DLRM_OUTPUT_ROOT": "/it's"})
+    assert run_dir_overrides(["hydra.run.dir=/x"], {"DLRM_OUTPUT_ROOT": "/it's"}) == []  # the root is not used
+
+
+@pytest.mark.parametrize(
+    "var,value,message",
+    [
+        (
+            "DLRM_RUN_NAME",
+            "a b",
+            "environment variable $DLRM_RUN_NAME='a b' is not a plain directory name; set it to letters, digits, "
+            "'.', '_' and '-', starting with a letter or digit, or unset it (for another parent directory set "
+            "$DLRM_OUTPUT_ROOT)",
+        ),
+        (
+            "DLRM_OUTPUT_ROOT",
+            "/runs/it's",
+            'environment variable $DLRM_OUTPUT_ROOT="/runs/it\'s": quotes and backslashes are not supported in the '
+            "output root; set it to a directory without them (or pass hydra.run.dir=<dir>)",
+        ),
+    ],
+)
+def test_bad_run_dir_variable_is_one_error_line_and_exit_2(
+    var: str, value: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``train.py`` / ``dlrm-train`` refuse the variable before Hydra starts: no traceback, no run directory."""
+    for k in list(os.environ):
+        if k.startswith(("DLRM_", "TORCHX_", "TORCHELASTIC_")) or k == "RANK":
+            monkeypatch.delenv(k)
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(sys, "argv", ["train.py", "trainer.max_steps=1"])
+    monkeypatch.setattr(cli, "hydra_main", lambda: pytest.fail("Hydra started despite the bad variable"))
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert sys.argv == ["train.py", "trainer.max_steps=1"]
 
 
 def _only_run_dir(root: Path) -> Path:
