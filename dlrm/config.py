@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import inspect
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -446,7 +447,8 @@ def _check_types(values: Optional[List[str]], allowed: Sequence[str], key: str) 
 @dataclass
 class TableConstraintConfig:
     """Per-table planner constraints (TorchRec ``ParameterConstraints``): ``sharding.constraints.<table>.*``, e.g.
-    ``+sharding.constraints.t_cat_0.sharding_types=[row_wise]``. Null: the table follows the preset."""
+    ``+sharding.constraints.t_cat_0.sharding_types=[row_wise]``; a list field also takes one value as a one-element
+    list (``sharding_types=row_wise``). Null: the table follows the preset."""
 
     sharding_types: Optional[List[str]] = None
     """Sharding types the planner may pick for this table."""
@@ -478,6 +480,54 @@ class TableConstraintConfig:
             f"{prefix}.pooling_factors",
             "every pooling factor must be positive",
         )
+
+
+# An example value per field of ``sharding.constraints.<table>``, for the fix in a type error's message.
+_CONSTRAINT_EXAMPLES = {
+    "sharding_types": "[row_wise]",
+    "compute_kernels": "[fused]",
+    "min_partition": "8",
+    "pooling_factors": "[2.0]",
+    "num_poolings": "[1.0]",
+    "batch_sizes": "[512]",
+}
+_KINDS = {str: "name", int: "whole number", float: "number"}
+
+
+def _of_type(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):  # a bool is an int to Python, not a count or a factor
+        return False
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+def _typed_constraint(fields: Dict[str, Any], key: str) -> Dict[str, Any]:
+    """The fields of ``sharding.constraints.<table>`` (``key``) checked against :class:`TableConstraintConfig`'s
+    types, for its constructor. ``sharding.constraints`` is an untyped dict (OmegaConf cannot add keys to a dict of
+    dataclasses from the command line), so nothing else checks them. A list field takes one bare value as a
+    one-element list (``sharding_types=row_wise``); list items of a float field become floats.
+
+    Raises:
+        ConfigError: a value of the wrong type (a string for ``min_partition``, a mapping for a list, a list item
+            of the wrong type), naming ``<key>.<field>`` and an example value.
+    """
+    hints = typing.get_type_hints(TableConstraintConfig)
+    out: Dict[str, Any] = {}
+    for name, value in fields.items():
+        if value is None:
+            out[name] = None
+            continue
+        (kind,) = [t for t in typing.get_args(hints[name]) if t is not type(None)]  # Optional[X] -> X
+        is_list = typing.get_origin(kind) is list
+        item = typing.get_args(kind)[0] if is_list else kind
+        items = value if is_list and isinstance(value, (list, tuple)) else [value]
+        what = f"a list of {_KINDS[item]}s" if is_list else f"a {_KINDS[item]}"
+        _check(
+            all(_of_type(v, item) for v in items),
+            f"{key}.{name}",
+            f"got {value!r}; give {what} or null, e.g. {key}.{name}={_CONSTRAINT_EXAMPLES[name]}",
+        )
+        out[name] = [float(v) if item is float else v for v in items] if is_list else value
+    return out
 
 
 @dataclass
@@ -553,7 +603,7 @@ class ShardingConfig:
                 names = {f.name for f in dataclasses.fields(TableConstraintConfig)}
                 bad = sorted(set(c) - names)
                 _check(not bad, key, f"unknown field(s) {bad}; the fields are: {', '.join(sorted(names))}")
-                c = self.constraints[table] = TableConstraintConfig(**c)
+                c = self.constraints[table] = TableConstraintConfig(**_typed_constraint(c, key))
             c.validate(key)
         _check(0.0 <= self.storage_reservation < 1.0, "sharding.storage_reservation", "must be in [0, 1)")
         _check(

@@ -445,6 +445,33 @@ def test_bad_link_rate_is_one_error_line(args: List[str], capsys: pytest.Capture
             r"`sharding.constraints.t_cat_0`: unknown field\(s\) \['kernel'\]",
         ),
         (["+sharding.constraints.t_cat_0.min_partition=0"], r"`sharding.constraints.t_cat_0.min_partition`"),
+        # wrong types: the constraint dict is untyped, so the schema's types are checked by hand
+        (
+            ["+sharding.constraints.t_cat_0.min_partition=abc"],
+            r"^config key `sharding.constraints.t_cat_0.min_partition`: got 'abc'; give a whole number or null, "
+            r"e.g. sharding.constraints.t_cat_0.min_partition=8$",
+        ),
+        (
+            ["+sharding.constraints.t_cat_0.min_partition=true"],
+            r"`sharding.constraints.t_cat_0.min_partition`: got True;",
+        ),
+        (
+            ["+sharding.constraints.t_cat_3.pooling_factors=[a]"],
+            r"^config key `sharding.constraints.t_cat_3.pooling_factors`: got \['a'\]; give a list of numbers or "
+            r"null, e.g. sharding.constraints.t_cat_3.pooling_factors=\[2.0\]$",
+        ),
+        (
+            ["+sharding.constraints.t_cat_0.batch_sizes=[1.5]"],
+            r"`sharding.constraints.t_cat_0.batch_sizes`: got \[1.5\]; give a list of whole numbers or null",
+        ),
+        (
+            ["+sharding.constraints.t_cat_0.sharding_types={row_wise:1}"],
+            r"`sharding.constraints.t_cat_0.sharding_types`: got \{'row_wise': 1\}; give a list of names or null",
+        ),
+        (
+            ["+sharding.constraints.t_cat_0.sharding_types=rowwise"],
+            r"`sharding.constraints.t_cat_0.sharding_types`: unknown value\(s\) \['rowwise'\]",
+        ),
     ],
 )
 def test_bad_sharding_config_names_the_key(overrides: List[str], match: str) -> None:
@@ -452,6 +479,21 @@ def test_bad_sharding_config_names_the_key(overrides: List[str], match: str) -> 
 
     with pytest.raises(ConfigError, match=match):
         to_config(compose(overrides))
+
+
+def test_a_list_constraint_takes_one_bare_value() -> None:
+    cfg = to_config(
+        compose(
+            [
+                "+sharding.constraints.t_cat_0.sharding_types=row_wise",
+                "+sharding.constraints.t_cat_0.compute_kernels=fused",
+                "+sharding.constraints.t_cat_1.pooling_factors=2",
+            ]
+        )
+    )
+    c0, c1 = cfg.sharding.constraints["t_cat_0"], cfg.sharding.constraints["t_cat_1"]
+    assert (c0.sharding_types, c0.compute_kernels, c0.min_partition) == (["row_wise"], ["fused"], None)
+    assert c1.pooling_factors == [2.0] and type(c1.pooling_factors[0]) is float
 
 
 def test_plan_is_the_same_under_every_hash_seed(tmp_path: Path) -> None:
