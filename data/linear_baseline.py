@@ -45,7 +45,7 @@ except ImportError:  # scikit-learn (and scipy with it) comes with requirements.
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrm.config import ConfigError, InputError, compose, to_config  # noqa: E402
+from dlrm.config import ConfigError, InputError, compose, error_line, to_config  # noqa: E402
 
 # Candidate C values, 10^-3 .. 10^1 in steps of 10^0.5: from "the prior dominates" to "barely regularised".
 DEFAULT_CS = [float(c) for c in np.logspace(-3, 1, 9)]
@@ -162,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         x_tr, y_tr, x_va, y_va = load_features(args.overrides)
     except (InputError, FileNotFoundError, ValueError, HydraException, OmegaConfBaseException) as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)  # Hydra's messages span lines
+        print(f"error: {error_line(e)}", file=sys.stderr)
         return 2
     print(f"{x_tr.shape[0]:,} training rows, {x_va.shape[0]:,} validation rows, {x_tr.shape[1]:,} columns")
     c, how = args.C, "given"

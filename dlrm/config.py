@@ -1089,6 +1089,21 @@ def compose(overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> 
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
+def error_line(e: BaseException) -> str:
+    """``e`` as the one line a command prints after ``error:``: runs of whitespace collapsed (Hydra's messages
+    span lines); a Hydra override error whose cause is an OmegaConf one gets that cause's first line, which says
+    what is wrong with the value (``Error merging override data.batch_size=abc (Value 'abc' of type 'str' could
+    not be converted to Integer)``)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    text = " ".join(str(e).split())
+    cause = e.__cause__
+    if isinstance(e, HydraException) and isinstance(cause, OmegaConfBaseException) and str(cause).strip():
+        text += f" ({str(cause).strip().splitlines()[0].strip()})"
+    return text
+
+
 # ------------------------------------------------------------------------------------ configuration reference
 def field_docs(schema: type) -> Dict[str, str]:
     """The docstring beside each field of a schema class (the string literal after its annotation), as one

@@ -14,8 +14,9 @@ machine's kind. The per-rank batch is ``data.global_batch_size / world_size`` wh
 ``data.batch_size``, as in the trainer. Prints the plan table and the estimated memory per rank, then the
 communication of one training step (``dlrm.traffic``): bytes per rank for the input dist's all-to-alls, the output
 dist and the all-reduces, and their time at ``--link-gbps``, or on CUDA without it at NVLink's rate on H200 (3600
-Gb/s = 450 GB/s) within a host and 400 Gb/s InfiniBand across hosts (no times for CPU jobs without it). Exits 2
-with the message on a config or plan error. No process group and no table memory are needed: tables stay on meta.
+Gb/s = 450 GB/s) within a host and 400 Gb/s InfiniBand across hosts (no times for CPU jobs without it). A bad
+override, config or plan: one ``error:`` line, exit status 2. No process group and no table memory are needed:
+tables stay on meta.
 ``--estimate`` adds :mod:`dlrm.estimate`'s estimate of one MLPerf epoch and the time to AUC 0.80275 on
 ``world_size`` H200s (the step's compute from measured one-GPU figures of ``perf=fast``, or ``--step-ms X``).
 """
@@ -28,9 +29,11 @@ import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
 from dlrm import estimate as est
-from dlrm.config import Config, ConfigError, compose, to_config
+from dlrm.config import Config, ConfigError, compose, error_line, to_config
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
@@ -62,7 +65,8 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
     ``--estimate`` apart from the overrides.
 
     Raises:
-        ConfigError: ``--link-gbps`` or ``--step-ms`` without a positive number after it.
+        ConfigError: ``--link-gbps`` or ``--step-ms`` without a positive number after it; ``world_size`` or
+            ``local_world_size`` not a whole number.
     """
     own, overrides = {}, []
     args = list(argv)
@@ -82,7 +86,15 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
                 raise ConfigError(f"{key}: got {value!r}; {hint}")
             own[name] = number
         elif eq and key in OWN_KEYS:
-            own[key] = value
+            if key != "out":
+                try:
+                    own[key] = int(value)
+                except ValueError:
+                    raise ConfigError(
+                        f"config key `{key}`: got {value!r}; give a number of ranks, e.g. {key}=8"
+                    ) from None
+            else:
+                own[key] = value
         else:
             overrides.append(a)
     return own, overrides
@@ -174,8 +186,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             int(own.get("world_size", 1)),
             int(own["local_world_size"]) if "local_world_size" in own else None,
         )
-    except (ConfigError, PlanError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ConfigError, PlanError, ValueError, HydraException, OmegaConfBaseException) as e:
+        print(f"error: {error_line(e)}", file=sys.stderr)  # Hydra's: a misspelt key, a value of the wrong type
         return 2
     print(format_plan(pi))
     traffic = model_traffic(

@@ -101,3 +101,8 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert len(err) == 1 and err[0].startswith("error: config key `data.train_path`: no such file"), err
     assert lb.main(["data=criteo_binary", "data.dataset_dir=d"]) == 2
     assert "error: config key `data.name`: the baseline reads rows held in memory" in capsys.readouterr().err
+    assert lb.main(["data.max_rows=many"]) == 2  # Hydra's error, with the OmegaConf cause that says what is wrong
+    assert capsys.readouterr().err == (
+        "error: Error merging override data.max_rows=many (Value 'many' of type 'str' could not be converted to "
+        "Integer)\n"
+    )

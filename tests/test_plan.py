@@ -496,6 +496,35 @@ def test_a_list_constraint_takes_one_bare_value() -> None:
     assert c1.pooling_factors == [2.0] and type(c1.pooling_factors[0]) is float
 
 
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ["data.batchsize=3"],
+            "error: Could not override 'data.batchsize'. To append to your config use +data.batchsize=3 "
+            "(Key 'batchsize' not in 'DataConfig')",
+        ),
+        (
+            ["data.batch_size=abc"],
+            "error: Error merging override data.batch_size=abc "
+            "(Value 'abc' of type 'str' could not be converted to Integer)",
+        ),
+        (["world_size=two"], "error: config key `world_size`: got 'two'; give a number of ranks, e.g. world_size=8"),
+        (
+            ["+sharding.constraints.t_cat_0.min_partition=abc"],
+            "error: config key `sharding.constraints.t_cat_0.min_partition`: got 'abc'; give a whole number or "
+            "null, e.g. sharding.constraints.t_cat_0.min_partition=8",
+        ),
+    ],
+)
+def test_plan_command_bad_override_is_one_error_line(args: List[str], line: str, capsys: pytest.CaptureFixture) -> None:
+    from dlrm.plan import main
+
+    assert main([*SMALL, *args]) == 2
+    out = capsys.readouterr()
+    assert out.err == line + "\n" and out.out == ""
+
+
 def test_plan_is_the_same_under_every_hash_seed(tmp_path: Path) -> None:
     """TorchRec's enumerator orders a table's options through set intersections, whose order follows
     PYTHONHASHSEED; the planner keeps the first of equal cost. With the deterministic enumerator the same command
