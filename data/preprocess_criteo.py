@@ -21,6 +21,10 @@ Check the written files against the sha256s in meta.json::
 
 Runs are resumable: a killed run, re-run with the same arguments, redoes only the unfinished days. Memory: about
 100 MB per worker. Format, splits and transforms: docs/data.md and dlrm/data/binary.py.
+
+Exit status: 0 done; 2 bad input (a flag's value, a missing file, a malformed line, a dataset directory it cannot
+use), as one ``error:`` line naming the flag or file (and line) and the fix; ``verify``: 1 when a file differs from
+meta.json (a ``MISMATCH <file>`` line each).
 """
 
 from __future__ import annotations
@@ -32,22 +36,55 @@ from typing import List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS  # noqa: E402
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, InputError  # noqa: E402
 from dlrm.data import preprocess as P  # noqa: E402
-from dlrm.data.binary import BinaryFormatError  # noqa: E402
-from dlrm.data.criteo_tsv import TsvFormatError  # noqa: E402
+
+DAYS_FIX = "give days as a range or a list, e.g. --days 0-23 or --days 0,1,23"
 
 
 def _days(spec: str) -> List[int]:
+    """``--days``: comma-separated days and ``lo-hi`` ranges (``0-23``, ``0,1,23``), as day numbers in order.
+
+    Raises:
+        PreprocessError: a part that is not a day number or a low-to-high range, or a day given twice; the message
+            names ``--days`` and its value.
+    """
     out: List[int] = []
     for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
+        where = f"--days {spec!r}" + (f": {part!r}" if part != spec else "")
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise P.PreprocessError(f"{where} is not a day number or a range; {DAYS_FIX}") from None
+        if first < 0 or last < first:
+            raise P.PreprocessError(f"{where} is not a range from a low to a high day; {DAYS_FIX}")
+        out.extend(range(first, last + 1))
+    twice = sorted({d for d in out if out.count(d) > 1})
+    if twice:
+        raise P.PreprocessError(f"--days {spec!r}: day(s) {twice} given more than once; give each day once")
     return out
 
 
 def _ints(spec: str, mlperf: List[int], what: str) -> List[int]:
-    return list(mlperf) if spec == "mlperf" else [int(x) for x in spec.split(",")]
+    """``--table-rows`` / ``--sizes`` (the flag is ``what``): ``mlperf`` or one positive integer per table.
+
+    Raises:
+        PreprocessError: not ``mlperf`` and not ``len(mlperf)`` comma-separated positive integers; the message names
+            ``what`` and its value.
+    """
+    if spec == "mlperf":
+        return list(mlperf)
+    try:
+        values = [int(x) for x in spec.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != len(mlperf) or min(values) < 1:
+        raise P.PreprocessError(
+            f"{what} {spec!r}: give {len(mlperf)} comma-separated positive whole numbers (one per table, C1..C26), "
+            f"or {what} mlperf"
+        )
+    return values
 
 
 def main(argv: List[str]) -> int:
@@ -109,6 +146,9 @@ def main(argv: List[str]) -> int:
         else:
             if not args.input:
                 ap.error("--layout kaggle needs --input train.txt")
+            if not os.path.isfile(args.input):
+                why = "a directory, not a file" if os.path.isdir(args.input) else f"no such file (cwd {os.getcwd()})"
+                raise P.PreprocessError(f"--input {args.input!r}: {why}; pass Kaggle's train.txt (plain or gzip)")
             days, inputs = [], [args.input]
         meta = P.preprocess(
             out=args.out,
@@ -122,9 +162,9 @@ def main(argv: List[str]) -> int:
             keep_raw=args.keep_raw_dense,
             dense_min=args.dense_min,
         )
-    except (TsvFormatError, P.PreprocessError, BinaryFormatError) as e:
-        print(f"FAIL {e}", file=sys.stderr)
-        return 1
+    except (InputError, FileNotFoundError) as e:  # PreprocessError, TsvFormatError, BinaryFormatError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     n = sum(d["rows"] for d in meta["days"])
     print(
         f"{args.out}: {len(meta['days'])} days, {n:,} rows; dense {meta['dense_transform_formula']}"

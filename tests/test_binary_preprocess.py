@@ -316,13 +316,61 @@ def test_cli_end_to_end_and_exit_codes(tmp_path: Path, capsys) -> None:
     assert "2 days, 200 rows; dense log(x - m + 2), missing x = 0, m = " in p.stdout
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert max(meta["table_rows"]) == 500 and meta["table_rows"][5] == 3
-    sys.path.insert(0, str(REPO / "data"))
-    try:
-        import preprocess_criteo as cli
-    finally:
-        sys.path.pop(0)
+    cli = _cli()
     assert cli.main(["verify", "--out", str(tmp_path / "out")]) == 0
     assert "all files match" in capsys.readouterr().out
+    labels = tmp_path / "out" / "day_1_labels.npy"
+    kept = labels.read_bytes()
+    labels.write_bytes(kept[:-1] + bytes([kept[-1] ^ 1]))
+    assert cli.main(["verify", "--out", str(tmp_path / "out")]) == 1  # a finding about the files, not bad input
+    assert capsys.readouterr().err == f"MISMATCH {labels}\n"
+    labels.write_bytes(kept)
     os.remove(tmp_path / "day_0")
-    assert cli.main(args) == 1
-    assert "no day_0 or day_0.gz" in capsys.readouterr().err
+    assert cli.main(args) == 2  # bad input: one error line, as the trainer's (PreprocessError is an InputError)
+    want = f"error: --input-dir {tmp_path}: no day_0 or day_0.gz; download it or pass --days\n"
+    assert capsys.readouterr().err == want
+
+
+def _cli():
+    sys.path.insert(0, str(REPO / "data"))
+    try:
+        import preprocess_criteo
+    finally:
+        sys.path.pop(0)
+    return preprocess_criteo
+
+
+DAYS_FIX = "give days as a range or a list, e.g. --days 0-23 or --days 0,1,23"
+SIZES_FIX = "give 26 comma-separated positive whole numbers (one per table, C1..C26)"
+TB = ["--layout", "terabyte", "--input-dir", "{dir}", "--out", "{out}"]
+ZERO_ROWS = ",".join(["9"] * 25 + ["0"])
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        ([*TB, "--days", "0-x"], f"--days '0-x' is not a day number or a range; {DAYS_FIX}"),
+        ([*TB, "--days", "0,x,2"], f"--days '0,x,2': 'x' is not a day number or a range; {DAYS_FIX}"),
+        ([*TB, "--days", "5-3"], f"--days '5-3' is not a range from a low to a high day; {DAYS_FIX}"),
+        ([*TB, "--days", "0-2,1"], "--days '0-2,1': day(s) [1] given more than once; give each day once"),
+        ([*TB, "--table-rows", "10,20"], f"--table-rows '10,20': {SIZES_FIX}, or --table-rows mlperf"),
+        ([*TB, "--table-rows", ZERO_ROWS], f"--table-rows '{ZERO_ROWS}': {SIZES_FIX}, or --table-rows mlperf"),
+        (["multihot", "--out", "{out}", "--sizes", "1,a"], f"--sizes '1,a': {SIZES_FIX}, or --sizes mlperf"),
+        (
+            ["verify", "--out", "{out}"],
+            "--out: no such directory '{out}' (cwd {cwd}); pass --out <the directory data/preprocess_criteo.py "
+            "wrote, holding meta.json>",
+        ),
+        (
+            ["--layout", "kaggle", "--input", "train.txt", "--out", "{out}"],
+            "--input 'train.txt': no such file (cwd {cwd}); pass Kaggle's train.txt (plain or gzip)",
+        ),
+    ],
+)
+def test_cli_bad_input_is_one_error_line_exit_2(
+    args: List[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    where = dict(dir=str(tmp_path), out=str(tmp_path / "out"), cwd=os.getcwd())
+    assert _cli().main([a.format(**where) for a in args]) == 2
+    assert capsys.readouterr().err == f"error: {line.format(**where)}\n"
+    assert not (tmp_path / "out").exists()  # refused before anything is written

@@ -162,26 +162,27 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
 
 # -------------------------------------------------------------------------------------------------- meta
 def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]:
-    """The dataset's ``meta.json``.
+    """The dataset's ``meta.json``; ``config_key`` is what named ``root``: a config key, or a command-line flag
+    (``--out``).
 
     Raises:
         BinaryFormatError: ``root`` is not a directory, has no ``meta.json``, or one that is not JSON or not of this
             format and version.
     """
     path = os.path.join(root, META)
+    flag = config_key.startswith("-")
+    where, give = (config_key, f"{config_key} ") if flag else (f"config key `{config_key}`", f"{config_key}=")
     if os.path.isfile(root):
         fix = (os.path.dirname(root) or ".") if os.path.basename(root) == META else "<the directory holding meta.json>"
-        raise BinaryFormatError(
-            f"config key `{config_key}`: {root!r} is a file, not a directory; pass {config_key}={fix}"
-        )
+        raise BinaryFormatError(f"{where}: {root!r} is a file, not a directory; pass {give}{fix}")
     if not os.path.isdir(root):
         raise BinaryFormatError(
-            f"config key `{config_key}`: no such directory {root!r} (cwd {os.getcwd()}); pass "
-            f"{config_key}=<the directory data/preprocess_criteo.py wrote, holding meta.json>"
+            f"{where}: no such directory {root!r} (cwd {os.getcwd()}); pass "
+            f"{give}<the directory data/preprocess_criteo.py wrote, holding meta.json>"
         )
     if not os.path.isfile(path):
         raise BinaryFormatError(
-            f"config key `{config_key}`: {root!r} has no {META}; build the dataset with "
+            f"{where}: {root!r} has no {META}; build the dataset with "
             "`python data/preprocess_criteo.py --layout terabyte --input-dir <day files> "
             f"--out {root}`"
         )

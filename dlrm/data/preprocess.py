@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from dlrm.config import InputError
 from dlrm.data import binary as B
 from dlrm.data import multihot as mh_mod
 from dlrm.data.criteo_tsv import (
@@ -57,8 +58,9 @@ for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
 
 
-class PreprocessError(ValueError):
-    """Input the preprocessing cannot use; the message names the file (and line) and the fix."""
+class PreprocessError(InputError):
+    """Input the preprocessing cannot use; the message names the flag or file (and line) and the fix
+    (``data/preprocess_criteo.py`` prints it as one ``error:`` line, exit status 2)."""
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -661,7 +663,7 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
 
 def verify(out: str) -> List[str]:
     """Recompute every sha256 in ``meta.json``; returns the mismatching or missing files (empty: all good)."""
-    meta = B.read_meta(out, "verify")
+    meta = B.read_meta(out, "--out")
     bad = []
     for d in meta["days"]:
         for name, sha in d["files"].items():
