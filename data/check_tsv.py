@@ -6,6 +6,10 @@ Files may be gzip-compressed (``train.txt.gz``, ``day_0.gz``), as the trainer an
 them. For each file: rows, click rate, and the share of missing values per integer and categorical column. A
 malformed line stops the check with the file and line number (the same parser the trainer uses), so a file that
 passes here loads in ``data=criteo_tsv``.
+
+Exit status: 0 every file passes; 1 a file fails the check (``FAIL <file>:<line>: ...``: what is wrong with its
+data); 2 a usage error, before any file is read (``error: ...``: no file given, a path that is missing or a
+directory).
 """
 
 import os
@@ -16,7 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dlrm.config import InputError  # noqa: E402
-from dlrm.data.criteo_tsv import NUM_CAT, NUM_INT, open_input, read_tsv  # noqa: E402
+from dlrm.data.criteo_tsv import NUM_CAT, NUM_INT, TsvFormatError, check_file, open_input, read_tsv  # noqa: E402
 
 
 def missing_shares(path: str) -> np.ndarray:
@@ -44,10 +48,17 @@ def main(argv: list) -> int:
     if not argv:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
+    # A path that is not a file is the caller's mistake, not a finding about data: refuse it before reading any.
+    try:
+        for path in argv:
+            check_file(path, config_key=None)
+    except (InputError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for path in argv:
         try:
             rows = read_tsv(path, config_key=None)
-        except (InputError, FileNotFoundError) as e:
+        except TsvFormatError as e:
             print(f"FAIL {e}", file=sys.stderr)
             return 1
         miss = missing_shares(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -183,7 +184,16 @@ def test_a_directory_names_the_config_key_and_the_fix(tmp_path: Path, capsys) ->
         f"config key `data.train_path`: {str(d)!r} is a directory, not a file; it holds a preprocessed dataset "
         f"(meta.json): train on it with data=criteo_binary data.dataset_dir={d}"
     )
-    assert _check_tsv_main()([str(d)]) == 1
-    assert capsys.readouterr().err == (
-        f"FAIL {str(d)!r} is a directory, not a file; pass a Criteo TSV file in it (plain or gzip)\n"
+    # check_tsv: a path that is not a file is a usage error (2), refused before any file is read (a malformed line
+    # is the check failing, 1: test_check_tsv_tool)
+    good = _write(tmp_path, _line("0") + "\n", "good.tsv")
+    assert _check_tsv_main()([good, str(d)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        f"error: {str(d)!r} is a directory, not a file; pass a Criteo TSV file in it (plain or gzip)\n"
+    )
+    assert _check_tsv_main()([good, str(tmp_path / "nope.tsv")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        f"error: no such file {str(tmp_path / 'nope.tsv')!r} (cwd {os.getcwd()}); pass a Criteo TSV file\n"
     )
