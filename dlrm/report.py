@@ -5,7 +5,8 @@
 Draws one PNG with six panels, every run overlaid: training loss, validation AUC, validation logloss and
 windowed training AUC against samples seen, throughput (samples/s, all ranks) and learning rate. Prints a
 table: steps, samples, final and best validation AUC, test AUC, median samples/s, wall time. Without
-``--out`` the PNG goes to ``<first run dir>/report.png``.
+``--out`` the PNG goes to ``<first run dir>/report.png``. A path that is not a run directory, or a damaged
+``metrics.jsonl``: one ``error:`` line naming it, exit status 2, before anything is drawn.
 """
 
 from __future__ import annotations
@@ -18,18 +19,39 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from dlrm.config import InputError
+
+FIX = "pass a run directory of train.py (its hydra.run.dir)"
+
 
 def load_run(run_dir: str) -> List[Dict[str, Any]]:
     """The records of ``<run_dir>/metrics.jsonl``.
 
     Raises:
-        FileNotFoundError: no metrics.jsonl there (the message names the directory).
+        FileNotFoundError: ``run_dir`` is not a directory, or has no metrics.jsonl (the message names the path).
+        InputError: a line of metrics.jsonl is not a JSON record (the message names file and line).
     """
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"{run_dir!r}: no such directory (cwd {os.getcwd()}); {FIX}")
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; pass a run directory of train.py (its hydra.run.dir)")
+        raise FileNotFoundError(f"{run_dir!r}: no metrics.jsonl; {FIX}")
+    out = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                rec = None
+            if not isinstance(rec, dict):
+                raise InputError(
+                    f"{path}:{lineno}: not a JSON record (a run killed while writing leaves half a line); delete or "
+                    "repair that line"
+                )
+            out.append(rec)
+    return out
 
 
 def _num(v: Any) -> Optional[float]:
@@ -126,13 +148,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("run_dirs", nargs="+", help="run directories (hydra.run.dir of train.py)")
     ap.add_argument("--out", help="PNG path (default: <first run dir>/report.png)")
     args = ap.parse_args(argv)
-    runs: Dict[str, List[Dict[str, Any]]] = {}
-    for d in args.run_dirs:
-        name = os.path.basename(os.path.normpath(d)) or d
-        while name in runs:  # two runs with the same leaf name
-            name += "'"
-        runs[name] = load_run(d)
     out = args.out or os.path.join(args.run_dirs[0], "report.png")
+    runs: Dict[str, List[Dict[str, Any]]] = {}
+    try:
+        for d in args.run_dirs:
+            name = os.path.basename(os.path.normpath(d)) or d
+            while name in runs:  # two runs with the same leaf name
+                name += "'"
+            runs[name] = load_run(d)
+        if args.out and not os.path.isdir(os.path.dirname(args.out) or "."):
+            raise FileNotFoundError(
+                f"--out {args.out!r}: no such directory {os.path.dirname(args.out)!r}; create it or pass another path"
+            )
+    except (FileNotFoundError, InputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     plot(runs, out)
     print(table(runs))
     print(f"plots: {out}")

@@ -177,8 +177,33 @@ def test_report_cli(full_run: Path, tmp_path: Path) -> None:
     final = [r["val_auc"] for r in records(full_run) if "val_auc" in r][-1]
     rows = [line for line in p.stdout.splitlines() if line.startswith("run")]
     assert len(rows) == 3 and f"{final:.4f}" in rows[1]  # header + two runs
-    bad = run([sys.executable, "-m", "dlrm.report", str(tmp_path)])
-    assert bad.returncode != 0 and "no metrics.jsonl" in bad.stderr
+
+
+def test_report_bad_path_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Every run directory (and --out's directory) is checked before anything is drawn."""
+    from dlrm.report import main
+
+    fix = "pass a run directory of train.py (its hydra.run.dir)"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    typo = str(tmp_path / "rnu")
+    assert main([typo]) == 2
+    assert capsys.readouterr().err == f"error: {typo!r}: no such directory (cwd {Path.cwd()}); {fix}\n"
+    assert main([str(run_dir)]) == 2
+    assert capsys.readouterr().err == f"error: {str(run_dir)!r}: no metrics.jsonl; {fix}\n"
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "lo')
+    assert main([str(run_dir)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {run_dir / 'metrics.jsonl'}:2: not a JSON record (a run killed while writing leaves half a line); "
+        "delete or repair that line\n"
+    )
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    out = str(tmp_path / "plots" / "r.png")
+    assert main([str(run_dir), "--out", out]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {out!r}: no such directory {str(tmp_path / 'plots')!r}; create it or pass another path\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["run"] and [p.name for p in run_dir.iterdir()] == ["metrics.jsonl"]
 
 
 def test_target_auc_stops_training_early(tmp_path: Path) -> None:
