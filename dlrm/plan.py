@@ -183,8 +183,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         own, overrides = _split_args(args)
         pi, cfg, model, batch = _plan_job(
             overrides,
-            int(own.get("world_size", 1)),
-            int(own["local_world_size"]) if "local_world_size" in own else None,
+            own.get("world_size", 1),
+            own.get("local_world_size"),
         )
     except (ConfigError, PlanError, ValueError, HydraException, OmegaConfBaseException) as e:
         print(f"error: {error_line(e)}", file=sys.stderr)  # Hydra's: a misspelt key, a value of the wrong type

@@ -143,7 +143,9 @@ def plot(runs: Dict[str, List[Dict[str, Any]]], out: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m dlrm.report RUN_DIR... [--out PNG]``: write the plots, print the table; returns 0."""
+    """``python -m dlrm.report RUN_DIR... [--out PNG]``: write the plots, print the table; returns 0, or 2 after one
+    ``error:`` line for a path that is not a run directory, a damaged ``metrics.jsonl`` or a missing ``--out``
+    directory."""
     ap = argparse.ArgumentParser(prog="python -m dlrm.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dirs", nargs="+", help="run directories (hydra.run.dir of train.py)")
     ap.add_argument("--out", help="PNG path (default: <first run dir>/report.png)")
