@@ -600,10 +600,14 @@ def test_compiled_dense_side_trains_like_eager_through_the_pipeline(trained) -> 
     torch.testing.assert_close(torch.tensor(comp["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
     # compile_dense wraps no module: the same state dict keys (no `_orig_mod.`) and the same tables
     assert comp["keys"] == eager["keys"] and not any("_orig_mod" in k for k in comp["keys"])
-    # the compiled loss and its fused backward round the gradients differently (measured: 3e-6 on 2 of 320 weights
-    # of a table after 6 steps, Adagrad with a zero-started accumulator amplifying near-zero gradients)
+    # both start from the same tables; the compiled loss and its fused backward round the gradients differently,
+    # and Adagrad's step lr * g / sqrt(sum g^2) carries a small gradient's relative rounding into its update whole,
+    # whatever the gradient's size (measured: 1.3e-5 of a 0.13 update, on a row whose accumulator is 1.5e-6), so
+    # each table's updates are compared relative to their size
     for t, w in eager["tables"].items():
-        torch.testing.assert_close(comp["tables"][t], w, rtol=1e-5, atol=1e-5)
+        assert torch.equal(comp["tables0"][t], eager["tables0"][t]), t
+        start = eager["tables0"][t]
+        torch.testing.assert_close(comp["tables"][t] - start, w - start, rtol=1e-3, atol=1e-5)
 
 
 def test_compile_hook_gets_the_trainers_call_and_trains_like_the_trainer(trained) -> None:
