@@ -107,6 +107,8 @@ LEVERS: Dict[str, List[str]] = {
     "fast_graphed_elementwise_max_autotune": GRAPHED_ELEMENTWISE + ["perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
     "fast_graphed_elementwise_fp16_tables": GRAPHED_ELEMENTWISE + ["perf.embedding_dtype=fp16"],
+    "fast_graphed_elementwise_fp16_nearest": GRAPHED_ELEMENTWISE
+    + ["perf.embedding_dtype=fp16", "perf.tbe_stochastic_rounding=false"],
     "fast_max_autotune": ["perf=fast", "perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fused_sparse_dist": ["perf=fast", "pipeline=fused_sparse_dist"],
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],

@@ -663,8 +663,8 @@ class PerfConfig:
     name: str = "fp32"
     """Label of the preset (logged): ``fp32``, ``fast`` or your own."""
     embedding_dtype: str = "fp32"
-    """Table weights: ``fp32``, ``fp16`` or ``bf16`` (bf16: CUDA only). Half precision halves table memory;
-    FBGEMM keeps the Adagrad state in fp32 and rounds updates stochastically. Not for data_parallel tables."""
+    """Table weights: ``fp32`` or ``fp16`` (FBGEMM's TBE trains no bf16 weights). fp16 halves table memory;
+    FBGEMM keeps the Adagrad state in fp32. Not for data_parallel tables."""
     embedding_output_dtype: str = "fp32"
     """Pooled embeddings (TBE ``output_dtype``), and so the output dist's all-to-all and the gradients sent
     back: ``fp32``, ``fp16`` or ``bf16`` (bf16: CUDA only). Under autocast: fp32 or the autocast dtype."""
@@ -675,6 +675,11 @@ class PerfConfig:
     """FBGEMM's per-batch check of every id against its table's rows: ``warning`` (FBGEMM's default: an
     out-of-range id is looked up as row 0 and a warning logged), ``fatal`` (the step fails) or ``none`` (no
     check; every loader here keeps ids in range; keep a check for KJTs of your own)."""
+    tbe_stochastic_rounding: bool = True
+    """With fp16 tables, round each updated weight stochastically (FBGEMM's default, on CUDA; its CPU kernels
+    always round to nearest) or, ``false``, to nearest: 1.5% faster than fp32 tables on H200, where stochastic
+    rounding is 6% slower, but an update smaller than half the spacing of fp16 values at the weight (1/4096 to
+    1/2048 of it) is lost, not kept on average (docs/performance.md)."""
     autocast: str = "none"
     """``none``, ``bf16`` or ``fp16``: ``torch.autocast`` around the dense arch, the interaction and the over
     arch (weights stay fp32; the loss is computed in fp32 from fp32 logits)."""
@@ -707,9 +712,26 @@ class PerfConfig:
     all-reduce; several ranks only."""
 
     def __post_init__(self) -> None:
-        for key in ("embedding_dtype", "embedding_output_dtype", "allreduce_dtype"):
+        _check(
+            self.embedding_dtype != "bf16",
+            "perf.embedding_dtype",
+            "FBGEMM's TBE trains no bf16 table weights (its CUDA cache set-up refuses them, its CPU kernels have "
+            "none); use fp16 (half the memory) or fp32",
+        )
+        _check(
+            self.embedding_dtype in ("fp32", "fp16"),
+            "perf.embedding_dtype",
+            f"got {self.embedding_dtype!r}; use fp32 or fp16",
+        )
+        for key in ("embedding_output_dtype", "allreduce_dtype"):
             v = getattr(self, key)
             _check(v in ("fp32", "fp16", "bf16"), f"perf.{key}", f"got {v!r}; use fp32, fp16 or bf16")
+        _check(
+            self.tbe_stochastic_rounding or self.embedding_dtype == "fp16",
+            "perf.tbe_stochastic_rounding",
+            "false rounds fp16 table updates to nearest and has no effect on fp32 tables; add "
+            "perf.embedding_dtype=fp16, or drop the key",
+        )
         if self.allreduce_after_output_dist:
             _check(
                 self.lean_output_dist,

@@ -182,13 +182,13 @@ def check_batch(batch: Batch, feature_names: Sequence[str], num_dense: int = NUM
 
 
 META = torch.device("meta")  # where the tables are built: DMP materialises each shard on its owner
-DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16}
+DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16}
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def table_configs(cfg: ModelConfig, embedding_dtype: str = "fp32") -> List[EmbeddingBagConfig]:
     """One ``EmbeddingBagConfig`` per sparse feature: rows from ``cfg.table_rows``, sum pooling, weights of
-    ``embedding_dtype`` (``perf.embedding_dtype``: fp32, fp16 or bf16)."""
+    ``embedding_dtype`` (``perf.embedding_dtype``: fp32 or fp16)."""
     return [
         EmbeddingBagConfig(
             name=f"t_{name}",

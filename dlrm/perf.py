@@ -42,8 +42,8 @@ def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
     """Refuse ``perf.*`` settings this device cannot run, before any data is loaded.
 
     Raises:
-        ConfigError: bf16 table weights or pooled embeddings on CPU (FBGEMM's CPU TBE kernels have no bf16); a
-            bf16 all-reduce on CPU (PyTorch's ``bf16_compress_hook`` needs CUDA and NCCL).
+        ConfigError: bf16 pooled embeddings on CPU (FBGEMM's CPU TBE kernels have no bf16 output); a bf16
+            all-reduce on CPU (PyTorch's ``bf16_compress_hook`` needs CUDA and NCCL).
     """
     if device.type != "cpu":
         return
@@ -52,20 +52,13 @@ def check_perf_device(perf: PerfConfig, device: torch.device) -> None:
             "config key `perf.allreduce_dtype`: PyTorch's bf16_compress_hook needs CUDA and NCCL; "
             "use fp16 or fp32 on CPU"
         )
-    for key in ("embedding_dtype", "embedding_output_dtype"):
-        if getattr(perf, key) == "bf16":
-            # fp16 pooled embeddings cannot meet bf16 autocast (PerfConfig), so name the one value that works then
-            fix = (
-                "fp32 on CPU (fp16 too, without bf16 autocast)"
-                if key == "embedding_output_dtype" and perf.autocast == "bf16"
-                else "fp16 or fp32 on CPU"
-            )
-            hint = (
-                " (perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
-                if key == "embedding_output_dtype"
-                else ""
-            )
-            raise ConfigError(f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use {fix}{hint}")
+    if perf.embedding_output_dtype == "bf16":
+        # fp16 pooled embeddings cannot meet bf16 autocast (PerfConfig), so name the one value that works then
+        fix = "fp32 on CPU (fp16 too, without bf16 autocast)" if perf.autocast == "bf16" else "fp16 or fp32 on CPU"
+        raise ConfigError(
+            f"config key `perf.embedding_output_dtype`: FBGEMM's CPU TBE kernels have no bf16; use {fix} "
+            "(perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
+        )
 
 
 def apply_device_settings(perf: PerfConfig, device: torch.device) -> None:
@@ -210,8 +203,9 @@ def perf_line(perf: PerfConfig, setup: PerfSetup, world_size: int, device: torch
         held = " after the backward all-to-all" if setup.held_allreduce is not None else ""
         allreduce = f"{perf.allreduce_dtype}{held}"
         output_dist = ("lean, rank blocks" if setup.rank_blocks else "lean") if setup.lean_output_dists else "torchrec"
+    rounding = "" if perf.tbe_stochastic_rounding else " (updates rounded to nearest)"
     return (
-        f"perf {perf.name}: tables {perf.embedding_dtype}, pooled embeddings {perf.embedding_output_dtype}, "
+        f"perf {perf.name}: tables {perf.embedding_dtype}{rounding}, pooled embeddings {perf.embedding_output_dtype}, "
         f"autocast {perf.autocast} (DCN residual stream {dcn}), "
         f"tf32 {perf.tf32 if device.type == 'cuda' else 'n/a (cpu)'}, compile {compiled}, "
         f"TBE bounds check {perf.tbe_bounds_check}, all-reduce {allreduce}, DDP buckets "

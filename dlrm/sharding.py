@@ -89,9 +89,12 @@ def sharders(fused_params: Optional[Dict[str, Any]] = None) -> List[Any]:
     ]
 
 
-def fused_params_of(embedding_output_dtype: str, tbe_bounds_check: str = "warning") -> Optional[Dict[str, Any]]:
-    """TBE fused params for ``perf.embedding_output_dtype`` and ``perf.tbe_bounds_check`` (None when both are
-    TorchRec's defaults: fp32 output, FBGEMM's ``BoundsCheckMode.WARNING``)."""
+def fused_params_of(
+    embedding_output_dtype: str, tbe_bounds_check: str = "warning", tbe_stochastic_rounding: bool = True
+) -> Optional[Dict[str, Any]]:
+    """TBE fused params for ``perf.embedding_output_dtype``, ``perf.tbe_bounds_check`` and
+    ``perf.tbe_stochastic_rounding`` (None when all are TorchRec's defaults: fp32 output, FBGEMM's
+    ``BoundsCheckMode.WARNING``, stochastic rounding of fp16 weights)."""
     from fbgemm_gpu.split_embedding_configs import SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 
@@ -101,11 +104,13 @@ def fused_params_of(embedding_output_dtype: str, tbe_bounds_check: str = "warnin
         params["output_dtype"] = dtypes[embedding_output_dtype]
     if tbe_bounds_check != "warning":
         params["bounds_check_mode"] = {"fatal": BoundsCheckMode.FATAL, "none": BoundsCheckMode.NONE}[tbe_bounds_check]
+    if not tbe_stochastic_rounding:
+        params["stochastic_rounding"] = False
     return params or None
 
 
 def _check_dtypes(pi: "PlanInfo", tables: Sequence[TableInfo]) -> "PlanInfo":
-    """Refuse fp16/bf16 weights on data_parallel tables (DDP gradients and a dense optimizer would step them in
+    """Refuse fp16 weights on data_parallel tables (DDP gradients and a dense optimizer would step them in
     half precision, without FBGEMM's fp32 state and stochastic rounding)."""
     half = {t.name for t in tables if t.weight_bytes != 4}
     bad = sorted({s["table"] for s in pi.shards if s["sharding_type"] == ShardingType.DATA_PARALLEL.value} & half)
@@ -208,7 +213,7 @@ def topology(
 @dataclasses.dataclass
 class TableInfo:
     """One embedding table of a shardable module: ``rows`` x ``dim`` weights of ``weight_bytes`` bytes each (4:
-    fp32, 2: fp16/bf16, ``perf.embedding_dtype``), at ``module`` (an FQN)."""
+    fp32, 2: fp16, ``perf.embedding_dtype``), at ``module`` (an FQN)."""
 
     module: str
     name: str
@@ -248,7 +253,7 @@ def build_constraints(
     Per table, ``sharding.constraints.<table>`` fields win over the preset (``sharding.sharding_types``,
     ``sharding.compute_kernel``, ``sharding.min_partition``). ``pooling_factors`` (table -> mean ids per
     sample) feeds the planner's cost model when the table has no ``pooling_factors`` of its own. A table with
-    fp16/bf16 weights (``perf.embedding_dtype``) and no explicit sharding types (``sharding=auto``) is not offered
+    fp16 weights (``perf.embedding_dtype``) and no explicit sharding types (``sharding=auto``) is not offered
     data_parallel (see :func:`_check_dtypes`). With ``sharding.data_parallel_max_rows``, a table of at most that
     many rows and no ``sharding_types`` of its own is data_parallel on the dense kernel (or its own
     ``compute_kernels``), whatever the preset says.
@@ -287,7 +292,7 @@ def build_constraints(
         if (
             t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types and not by_rows
         ):  # those are refused by _check_dtypes
-            # sharding=auto with fp16/bf16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
+            # sharding=auto with fp16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
             # must not pick it (it does for tiny tables on CPU, which made the plan fail after planning)
             types = [s for s in types if s != ShardingType.DATA_PARALLEL.value]
 
@@ -372,7 +377,7 @@ def _check_fits(
 
 def _too_big(t: TableInfo, need: int, cap: int, cuda: bool) -> str:
     mem = "HBM" if cuda else "host memory"
-    dtype = "fp32" if t.weight_bytes == 4 else "fp16/bf16"
+    dtype = "fp32" if t.weight_bytes == 4 else "fp16"
     return (
         f"table {t.name} ({t.rows:,} x {t.dim} {dtype} with its optimizer state, {need / GiB:.2f} GiB) does not fit "
         f"the {cap / GiB:.2f} GiB of {mem} per rank the planner may use (after sharding.storage_reservation). "
@@ -543,7 +548,7 @@ def plan_model(
 def _check_half_precision_state(
     pi: PlanInfo, tables: Sequence[TableInfo], sparse_type: str, cfg: ShardingConfig
 ) -> PlanInfo:
-    """Add what TorchRec's planner leaves out for fp16/bf16 tables with element-wise Adagrad, and refuse a plan
+    """Add what TorchRec's planner leaves out for fp16 tables with element-wise Adagrad, and refuse a plan
     that then overflows HBM.
 
     TorchRec (1.6-1.8) sizes the optimizer state of a table in the weights' dtype, while FBGEMM keeps the Adagrad
@@ -572,7 +577,7 @@ def _check_half_precision_state(
         reserve = min(0.95, cfg.storage_reservation + (need - usable) / pi.hbm_cap_bytes + 0.01)
         raise PlanError(
             f"rank {r} would need {need / GiB:.2f} GiB of HBM, above the {usable / GiB:.2f} GiB usable: the plan "
-            f"counted {planned[r] / GiB:.2f} GiB, but FBGEMM keeps the Adagrad state of fp16/bf16 tables in fp32 "
+            f"counted {planned[r] / GiB:.2f} GiB, but FBGEMM keeps the Adagrad state of fp16 tables in fp32 "
             f"({missing.get(r, 0) / GiB:.2f} GiB more than TorchRec's planner counts). Re-plan with "
             f"sharding.storage_reservation={reserve:.2f}, or use optimizer.sparse_type=rowwise_adagrad or "
             f"perf.embedding_dtype=fp32"

@@ -140,7 +140,7 @@ def build_training(
         batch_size,
         pooling,
         constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
-        fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check),
+        fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check, perf.tbe_stochastic_rounding),
         allreduce_dtype=perf.allreduce_dtype,
         ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb,
     )

@@ -84,7 +84,17 @@ def test_perf_presets_compose() -> None:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["perf.embedding_dtype=fp8"], "config key `perf.embedding_dtype`: got 'fp8'; use fp32, fp16 or bf16"),
+        (["perf.embedding_dtype=fp8"], "config key `perf.embedding_dtype`: got 'fp8'; use fp32 or fp16"),
+        (
+            ["perf.embedding_dtype=bf16"],
+            "config key `perf.embedding_dtype`: FBGEMM's TBE trains no bf16 table weights (its CUDA cache set-up "
+            "refuses them, its CPU kernels have none); use fp16 (half the memory) or fp32",
+        ),
+        (
+            ["perf.tbe_stochastic_rounding=false"],
+            "config key `perf.tbe_stochastic_rounding`: false rounds fp16 table updates to nearest and has no "
+            "effect on fp32 tables; add perf.embedding_dtype=fp16, or drop the key",
+        ),
         (
             ["perf.embedding_output_dtype=half"],
             "config key `perf.embedding_output_dtype`: got 'half'; use fp32, fp16 or bf16",
@@ -189,6 +199,7 @@ def test_fused_params_carry_output_dtype_and_bounds_check() -> None:
         "bounds_check_mode": BoundsCheckMode.NONE,
     }
     assert fused_params_of("fp32", "fatal") == {"bounds_check_mode": BoundsCheckMode.FATAL}
+    assert fused_params_of("fp32", "warning", False) == {"stochastic_rounding": False}
     fast = to_config(compose(["perf=fast"])).perf
     assert (fast.tbe_bounds_check, to_config(compose([])).perf.tbe_bounds_check) == ("none", "warning")
 
@@ -204,14 +215,12 @@ def test_bf16_is_refused_on_cpu_before_building() -> None:
 
     info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")  # refused before any process group is needed
     tail = "(perf=fast is for CUDA: on CPU add perf.embedding_output_dtype=fp32)"
-    for key in ("embedding_dtype", "embedding_output_dtype"):
-        cfg = to_config(compose(TINY + [f"perf.{key}=bf16"]))
-        with pytest.raises(ConfigError) as e:
-            build_training(cfg, info, BATCH)
-        hint = f" {tail}" if key == "embedding_output_dtype" else ""  # fp32 pooled output fixes only that key
-        assert str(e.value) == (
-            f"config key `perf.{key}`: FBGEMM's CPU TBE kernels have no bf16; use fp16 or fp32 on CPU{hint}"
-        )
+    with pytest.raises(ConfigError) as e:
+        build_training(to_config(compose(TINY + ["perf.embedding_output_dtype=bf16"])), info, BATCH)
+    assert str(e.value) == (
+        "config key `perf.embedding_output_dtype`: FBGEMM's CPU TBE kernels have no bf16; use fp16 or fp32 on "
+        f"CPU {tail}"
+    )
     # perf=fast on CPU: fp16 pooled embeddings would meet bf16 autocast, so the message names fp32 only
     with pytest.raises(ConfigError) as e:
         build_training(to_config(compose(TINY + ["perf=fast"])), info, BATCH)
@@ -329,7 +338,7 @@ def test_fit_check_counts_fp16_weights() -> None:
     assert {(s["sharding_type"], s["compute_kernel"]) for s in pi.shards} == {("table_wise", "fused")}
     with pytest.raises(
         PlanError,
-        match=r"^table t_cat_0 \(40,000,000 x 128 fp16/bf16 with its optimizer state, "
+        match=r"^table t_cat_0 \(40,000,000 x 128 fp16 with its optimizer state, "
         r"28.61 GiB\) does not fit the 23.75 GiB of HBM per rank",
     ):
         plan(["sharding.hbm_cap_gb=25", "perf.embedding_dtype=fp16"])
@@ -564,6 +573,9 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
         )
         out[name]["graphs"] = compat.dynamo_count("aot_autograd", "total") - before
     out["fp16"] = _train(["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=fp16"], batches)
+    out["fp16_nearest"] = _train(
+        ["perf.embedding_dtype=fp16", "perf.embedding_output_dtype=fp16", "perf.tbe_stochastic_rounding=false"], batches
+    )
     # perf=fast as it runs on CPU (fp32 pooled embeddings): bf16 autocast with the bf16 DCN stream, one graph
     out["fast"] = _train(["perf=fast", "perf.embedding_output_dtype=fp32", "model.dcn_num_layers=2"], batches)
     out["fast_ref"] = _train(["model.dcn_num_layers=2"], batches)  # the same network in fp32, eager
@@ -682,6 +694,63 @@ def test_fp16_tables_and_pooled_embeddings_on_cpu(trained) -> None:
         changed = torch.nonzero((r["tables"][t] != r["tables0"][t]).any(1)).flatten().tolist()
         assert changed == used, (t, changed, used)
         assert torch.isfinite(r["tables"][t].float()).all()
+
+
+def test_nearest_rounding_of_fp16_tables_on_cpu(trained) -> None:
+    """FBGEMM's CPU kernels round fp16 updates to nearest whatever ``perf.tbe_stochastic_rounding`` says, so on
+    CPU both settings train the same tables bit for bit (on CUDA: the GPU test below)."""
+    sr, nearest = trained["fp16"], trained["fp16_nearest"]
+    assert nearest["losses"] == sr["losses"] and len(set(sr["losses"])) == STEPS
+    for t, w in sr["tables"].items():
+        assert torch.equal(nearest["tables"][t], w), t
+
+
+def _table_shards(dmp: Any) -> List[torch.Tensor]:
+    """This rank's table shards as the DMP state dict gives them: views of the live TBE weights (what
+    ``dlrm.sharding.seed_tables`` writes through)."""
+    return [sh.tensor for k, v in dmp.state_dict().items() if "embedding_bags" in k for sh in v.local_shards()]
+
+
+@pytest.mark.gpu
+def test_fp16_table_updates_round_as_configured_on_cuda(tmp_path) -> None:
+    """1 GPU, fp16 tables with every weight set to 2^-6 and table lr 1e-6: each element-wise Adagrad update is at
+    most the lr, below half the fp16 spacing at 2^-6 (2^-18 below it, 2^-17 above), so rounded to nearest
+    (``perf.tbe_stochastic_rounding=false``) no weight moves; FBGEMM's stochastic rounding moves some (each by
+    one fp16 step, with probability update / step)."""
+    from dlrm.trainer import Trainer
+
+    moved = {}
+    for sr in ("true", "false"):
+        cfg = compose(
+            [
+                "device=cuda",
+                "model=dlrm_v2_small",
+                "data.batch_size=1024",
+                "data.num_train_samples=8192",
+                "eval.every_n_steps=null",
+                "eval.at_end=false",
+                "checkpoint.resume=none",
+                "optimizer.sparse_lr=1e-6",
+                "perf.embedding_dtype=fp16",
+                f"perf.tbe_stochastic_rounding={sr}",
+            ]
+        )
+        t = Trainer(cfg, str(tmp_path / sr))
+        t.setup()
+        try:
+            shards = _table_shards(t.model)
+            assert len(shards) == 26 and {w.dtype for w in shards} == {torch.float16}
+            for w in shards:
+                w.fill_(2.0**-6)
+            it = t._train_iter()
+            for _ in range(4):
+                t.pipeline.progress(it)
+            torch.cuda.synchronize()
+            moved[sr] = sum(int((w != 2.0**-6).sum()) for w in _table_shards(t.model))
+        finally:
+            t.close()
+    assert moved["false"] == 0, moved
+    assert moved["true"] > 1000, moved
 
 
 # ------------------------------------------------------------------------------------------------------ bench
