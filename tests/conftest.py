@@ -22,6 +22,15 @@ CRITEO_DIR_ENV = "DLRM_CRITEO_DIR"
 CRITEO_DIR = Path(os.environ.get(CRITEO_DIR_ENV) or REPO.parent / "shared" / "data" / "criteo")
 KAGGLE_SAMPLE = CRITEO_DIR / "kaggle_train_head10k.tsv"
 TB_SAMPLE = CRITEO_DIR / "terabyte_day0_head1000.tsv"
+# a short synthetic run of the small model on one GPU, no evaluation or checkpoint resume (``Trainer`` tests)
+CUDA_SMALL_RUN = [
+    "device=cuda",
+    "model=dlrm_v2_small",
+    "data.batch_size=1024",
+    "eval.every_n_steps=null",
+    "eval.at_end=false",
+    "checkpoint.resume=none",
+]
 
 
 def _missing_sample(path: Path, what: str) -> str:

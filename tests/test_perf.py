@@ -21,7 +21,7 @@ import pytest
 import torch
 from torchrec.distributed.model_parallel import get_module
 
-from conftest import REPO, run_gloo
+from conftest import CUDA_SMALL_RUN, REPO, run_gloo
 from dlrm import torchrec_compat as compat
 from dlrm.config import ConfigError, compose, to_config
 from dlrm.dist import DistInfo
@@ -723,13 +723,8 @@ def test_fp16_table_updates_round_as_configured_on_cuda(tmp_path) -> None:
     for sr in ("true", "false"):
         cfg = compose(
             [
-                "device=cuda",
-                "model=dlrm_v2_small",
-                "data.batch_size=1024",
+                *CUDA_SMALL_RUN,
                 "data.num_train_samples=8192",
-                "eval.every_n_steps=null",
-                "eval.at_end=false",
-                "checkpoint.resume=none",
                 "optimizer.sparse_lr=1e-6",
                 "perf.embedding_dtype=fp16",
                 f"perf.tbe_stochastic_rounding={sr}",

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import REPO, run_gloo
+from conftest import CUDA_SMALL_RUN, REPO, run_gloo
 from dlrm.config import ConfigError, ModelConfig, OffloadConfig, PipelineConfig, compose, to_config
 
 SHARDING_TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise"]
@@ -340,13 +340,8 @@ def _cuda_losses(tmp_path, pipeline: str, steps: int = 12, extra: Tuple[str, ...
 
     cfg = compose(
         [
-            "device=cuda",
-            "model=dlrm_v2_small",
-            "data.batch_size=1024",
+            *CUDA_SMALL_RUN,
             "data.num_train_samples=16384",
-            "eval.every_n_steps=null",
-            "eval.at_end=false",
-            "checkpoint.resume=none",
             f"pipeline={pipeline}",
             *extra,
         ]
