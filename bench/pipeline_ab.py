@@ -20,8 +20,9 @@ Suites (``--suite``, several allowed):
   a2a          the output-dist-sized all-to-all (batch x 26 x 128 fp32 per rank) alone, and while a side stream
                copies ``--traffic-mb`` MiB host->device and device->host per all-to-all (a stand-in for UVM /
                cache traffic on the bus).
-Every model suite also runs ``stock``: plain TorchRec (DMP with default sharders and free planner choice,
-``TrainPipelineSparseDist``, tables capped at 4 M rows, fp32, row-wise Adagrad), for comparison in the same run.
+Every model suite also runs ``stock``: plain TorchRec (its ``DLRMTrain(DLRM_DCN)``, DMP with default sharders and
+free planner choice, ``TrainPipelineSparseDist``, tables capped at 4 M rows, fp32, row-wise Adagrad), for
+comparison in the same run.
 
 Commands, from the repository root (results go to ``--out``: ``pipeline_ab.json`` and ``pipeline_ab.md``)::
 
@@ -69,6 +70,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrm.config import (
     MLPERF_MULTI_HOT_SIZES,
     MLPERF_NUM_EMBEDDINGS,
+    NUM_DENSE_FEATURES,
     ModelConfig,
     OffloadConfig,
     OptimizerConfig,
@@ -176,6 +178,26 @@ def make_batches(
     return out
 
 
+def stock_model(mc: ModelConfig, device: torch.device) -> torch.nn.Module:
+    """TorchRec's own ``DLRMTrain(DLRM_DCN)``, tables on the meta device for DMP, as the MLPerf reference builds it:
+    none of the trainer's model code (its sparse arch, autocast wrapper or batch checks)."""
+    from torchrec.models.dlrm import DLRM_DCN
+    from torchrec.models.dlrm import DLRMTrain as TorchRecDLRMTrain
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return TorchRecDLRMTrain(
+        DLRM_DCN(
+            embedding_bag_collection=EmbeddingBagCollection(tables=table_configs(mc), device=torch.device("meta")),
+            dense_in_features=NUM_DENSE_FEATURES,
+            dense_arch_layer_sizes=list(mc.dense_arch_layer_sizes),
+            over_arch_layer_sizes=list(mc.over_arch_layer_sizes),
+            dcn_num_layers=mc.dcn_num_layers,
+            dcn_low_rank_dim=mc.dcn_low_rank_dim,
+            dense_device=device,
+        )
+    )
+
+
 class Runner:
     """A sharded model, its optimizer and pipeline, and a pool of batches; times repeats."""
 
@@ -187,7 +209,7 @@ class Runner:
         mc = model_config(args, cap)
         self.mc = mc
         torch.manual_seed(0)
-        model = build_model(mc, dense_device=device)
+        model = stock_model(mc, device) if spec.stock else build_model(mc, dense_device=device)
         fuse_embedding_optimizer(model, OptimizerConfig(lr=args.lr, sparse_type=spec.sparse_opt))
         tables = table_configs(mc)
         constraints: Optional[Dict[str, ParameterConstraints]] = None

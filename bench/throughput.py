@@ -17,10 +17,10 @@ MLPerf multi-hot sizes: 214 ids per sample; int64, or int32 with ``--ids-dtype i
 loads them), built once on the device before timing and cycled, the same pool for every variant.
 
 Variants (``--variants``):
-  stock      plain TorchRec as the MLPerf reference sets it up (``bench/pipeline_ab.py``'s stock runner: planner,
-             DMP, ``TrainPipelineSparseDist``, fp32, TF32 on, dense Adagrad), with row-wise Adagrad fused into the
-             TBE backward (the reference trains element-wise; row-wise is the faster, so ratios to it are the
-             conservative ones).
+  stock      plain TorchRec as the MLPerf reference sets it up (``bench/pipeline_ab.py``'s stock runner: TorchRec's
+             ``DLRMTrain(DLRM_DCN)``, planner, DMP, ``TrainPipelineSparseDist``, fp32, TF32 on, dense Adagrad), with
+             row-wise Adagrad fused into the TBE backward (the reference trains element-wise; row-wise is the
+             faster, so ratios to it are the conservative ones).
   stock_elementwise  the same with element-wise Adagrad (FBGEMM EXACT_ADAGRAD), the reference's table optimizer.
   others     the trainer's own stack, built by ``dlrm.trainer.build_training`` from the composed config
              ``BASE + LEVERS[name]`` (see ``LEVERS`` below), and timed as ``Trainer.fit`` steps: ``pipeline.progress``,
@@ -178,10 +178,7 @@ class TrainerRunner(ab.Runner):
         built = build_training(cfg, info, batch, hooks=HOOKS.get(name))
         self.model, self.opt, self.pipe, self.scheduler = built.model, built.optimizer, built.pipeline, built.scheduler
         # what the build swapped or compiled, recorded so a result shows it took effect
-        self.applied = {
-            "sparse_arch": type(built.model.module.model.sparse_arch).__name__,
-            "compiled": built.perf.compiled or [],
-        }
+        self.applied = {"compiled": built.perf.compiled or []}
         self.plan_kernels = sorted(
             {(ps.sharding_type, ps.compute_kernel) for mp in built.plan.plan.values() for ps in mp.values()}
         )  # type: ignore
@@ -336,6 +333,9 @@ def _finish(
     extra: Dict[str, Any] = {
         "overrides": overrides,
         "plan": run.plan_kernels,
+        # what was built, so a result shows it: stock is TorchRec's DLRMTrain and SparseArch
+        "model": f"{type(run.model.module).__module__}.{type(run.model.module).__qualname__}",
+        "sparse_arch": type(run.model.module.model.sparse_arch).__name__,
         "last_loss": run.last_loss,
         "host_ms_per_step": round(run.host_ms, 3),
         **getattr(run, "applied", {}),
