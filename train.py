@@ -9,7 +9,7 @@
 
 It only hands off to ``dlrm.cli.main`` (also the ``dlrm-train`` console script): the run directory is named from
 the job (``outputs/<torchx app id or torchrun run id>``, see ``dlrm/cli.py``), Hydra composes the config and
-``dlrm.trainer.Trainer`` runs it; see README.md for every key.
+``dlrm.trainer.Trainer`` runs it; every key is in docs/configuration.md.
 """
 
 from dlrm.cli import main

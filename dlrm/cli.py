@@ -27,16 +27,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dlrm.config import InputError, register_configs
+from dlrm.config import CONF_DIR, InputError, compose, error_line, register_configs
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
 DEFAULT_OUTPUT_ROOT = "outputs"
 # torchrun's default --rdzv_id (static rendezvous without an id): the same string for every job, so not a name.
 _NO_RUN_ID = {"", "none"}
-# conf/ sits beside the dlrm package in a checkout and in an editable install (`pip install -e .`); an absolute
-# path because Hydra resolves a relative one against the package (pkg://), where conf/ is not.
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 _NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -137,32 +134,57 @@ def hydra_main(cfg: DictConfig) -> None:
 
     trainer: Optional[Trainer] = None
     ok = False
-    user_error: Optional[BaseException] = None
+    failure: Optional[BaseException] = None
     try:
         trainer = Trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir)  # validates the config
         trainer.setup()
         trainer.fit()
         ok = True
-    except (InputError, FileNotFoundError) as e:
-        # bad input, named with its config key / file / row / table and the fix: the message, no traceback, and
-        # the same line in train.log (rank 0's log file, when set up) so that a batch job's log shows it
-        user_error = e
+    except (InputError, FileNotFoundError, FloatingPointError) as e:
+        # bad input, named with its config key / file / row / table and the fix, or a diverged loss (every rank
+        # raises at the same step): the message, no traceback, and the same line in train.log (rank 0's log
+        # file, when set up) so that a batch job's log shows it
+        failure = e
         log_error_to_file(f"error: {e}")
     finally:
         if trainer is not None:
             trainer.close()
         shutdown(barrier=ok)
-    if user_error is not None:
-        print(f"error: {user_error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    if failure is not None:
+        print(f"error: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1 if isinstance(failure, FloatingPointError) else 2)
+
+
+def check_overrides(argv: Sequence[str]) -> None:
+    """Compose the config with the command line's overrides once before Hydra's app starts, so that a misspelt
+    key, a value of the wrong type or an unknown group option is one ``error:`` line (exit 2) instead of Hydra's
+    multi-line message. ``hydra.*`` overrides are Hydra's own and left to it; with a flag (``--cfg``,
+    ``--multirun``, ...) nothing is checked here.
+
+    Raises:
+        InputError: the overrides do not compose (the message is Hydra's, on one line).
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if any(a.startswith("-") for a in argv):
+        return
+    ours = [a for a in argv if not a.lstrip("+~").startswith("hydra.")]
+    try:
+        compose(ours, CONF_DIR)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise InputError(error_line(e)) from e
 
 
 def main() -> None:
     """Entry point of ``train.py`` and ``dlrm-train``: name the run directory from the job, then run Hydra.
 
-    A bad ``$DLRM_RUN_NAME`` or ``$DLRM_OUTPUT_ROOT`` stops it before Hydra starts: one ``error:`` line, exit 2.
+    A bad ``$DLRM_RUN_NAME`` or ``$DLRM_OUTPUT_ROOT``, or overrides that do not compose
+    (:func:`check_overrides`), stop it before Hydra starts: one ``error:`` line, exit 2. A diverged training loss
+    ends the run with its ``error:`` line and exit 1.
     """
     try:
+        check_overrides(sys.argv[1:])
         overrides = run_dir_overrides(sys.argv[1:], os.environ)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

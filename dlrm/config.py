@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import os
 import typing
@@ -406,7 +407,12 @@ class OptimizerConfig:
                 f"{self.decay_start_step} falls inside the warmup ({self.warmup_steps} steps); start the decay "
                 "at or after optimizer.warmup_steps",
             )
-        _check(0 <= self.end_lr <= self.lr, "optimizer.end_lr", "must be in [0, optimizer.lr]")
+        _check(
+            0 <= self.end_lr <= min(self.lr, self.sparse_lr or self.lr),
+            "optimizer.end_lr",
+            f"{self.end_lr} must be in [0, the smaller of optimizer.lr and optimizer.sparse_lr] (the decay's floor "
+            "for both); lower optimizer.end_lr",
+        )
         _check(self.sparse_lr is None or self.sparse_lr > 0, "optimizer.sparse_lr", "must be positive or null")
         _check(self.eps > 0, "optimizer.eps", "must be positive")
         _check(
@@ -873,6 +879,13 @@ class WandbSink:
             "logger.wandb.mode",
             f"got {self.mode!r}; use online, offline, disabled or null",
         )
+        # an optional extra: refused when the config loads, not after the model is planned and sharded
+        _check(
+            not self.enabled or importlib.util.find_spec("wandb") is not None,
+            "logger",
+            "logger=[...,wandb] needs the wandb package, which is not installed; pip install -e '.[wandb]' (or "
+            "pip install wandb), or leave wandb out of logger",
+        )
 
 
 @dataclass
@@ -925,8 +938,10 @@ class TrainerConfig:
     max_steps: Optional[int] = None
     """Stop after this many optimizer steps (null: all epochs)."""
     on_nonfinite: str = "stop"
-    """``stop``: a NaN or inf loss ends the run, naming the step, the batch's rows and the last finite metrics.
-    ``skip_batch``: also drop batches whose inputs are not finite (their update is zeroed on the device)."""
+    """``stop``: a NaN or inf loss ends the run (exit 1), naming the step, the batch's rows and the last finite
+    metrics; the losses are checked at every log window and before every checkpoint and evaluation, so no
+    checkpoint holds diverged weights. ``skip_batch``: also drop batches whose inputs are not finite (their update
+    is zeroed on the device)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -986,7 +1001,9 @@ class CheckpointConfig:
     """Keep the newest this many complete checkpoints (null: all)."""
     resume: str = "auto"
     """``auto`` (the newest complete checkpoint in ``checkpoint.dir``, else a fresh start), ``none``, or the path
-    of a ``step_<N>`` directory (any world size and plan: DCP reshards)."""
+    of a ``step_<N>`` directory (any world size and plan: DCP reshards) that is the newest in its directory. The
+    run must cut the same batches: data source and row settings, ``data.shuffle`` (and its ``seed``), global batch
+    and steps per epoch as in the checkpoint (paths may differ), else it is refused naming the key."""
     async_save: bool = True
     """Stage the state in host memory and write it in a background thread while training continues."""
     save_on_sigterm: bool = True
@@ -1050,6 +1067,14 @@ class Config:
             f"{self.perf.embedding_dtype} gives them half-precision weights; set perf.embedding_dtype=fp32 or "
             f"sharding.data_parallel_max_rows=null",
         )
+        opt = self.optimizer
+        _check(
+            self.pipeline.name != "semi_sync" or not (opt.warmup_steps or opt.decay_steps),
+            "pipeline.name",
+            f"pipeline=semi_sync steps only the dense optimizer, and TorchRec hands a new rate to the tables' TBE in "
+            f"the fused optimizer's step, so the tables would keep their base rate through optimizer.warmup_steps="
+            f"{opt.warmup_steps} / optimizer.decay_steps={opt.decay_steps}; set both to 0, or use pipeline=sparse_dist",
+        )
         if self.offload.name == "uvm_caching":
             _check(
                 self.pipeline.name == "prefetch",
@@ -1093,6 +1118,8 @@ def to_config(cfg: DictConfig | Any) -> Config:
     return obj
 
 
+# conf/ sits beside the dlrm package in a checkout and in an editable install (`pip install -e .`); an absolute
+# path because Hydra resolves a relative one against the package (pkg://), where conf/ is not.
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
@@ -1119,7 +1146,7 @@ def error_line(e: BaseException) -> str:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    text = " ".join(str(e).split())
+    text = " ".join(str(e).split()).split(" Config search path:")[0]  # Hydra appends its search path
     cause = e.__cause__
     if isinstance(e, HydraException) and isinstance(cause, OmegaConfBaseException) and str(cause).strip():
         text += f" ({str(cause).strip().splitlines()[0].strip()})"

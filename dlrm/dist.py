@@ -43,14 +43,25 @@ def _free_port() -> int:
 
 
 def resolve_device(name: str, local_rank: int) -> torch.device:
-    """``auto`` | ``cpu`` | ``cuda`` to a concrete device; raises ConfigError for ``cuda`` without a GPU."""
+    """``auto`` | ``cpu`` | ``cuda`` to a concrete device: ``cuda:<LOCAL_RANK>``, or ``cuda:0`` where the
+    launcher shows each process one GPU (``CUDA_VISIBLE_DEVICES`` per task, as Slurm's ``--gpus-per-task=1``).
+
+    Raises:
+        ConfigError: ``cuda`` without a GPU; more local ranks than visible GPUs (two ranks would share one).
+    """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("config key `device`: device=cuda but no CUDA device is visible; use device=cpu")
         n = torch.cuda.device_count()
-        dev = torch.device("cuda", local_rank % n)
+        if n > 1 and local_rank >= n:
+            raise ConfigError(
+                f"environment: LOCAL_RANK={local_rank} but this process sees {n} GPUs (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); launch at most {n} processes per host, or "
+                "show each process its own GPU"
+            )
+        dev = torch.device("cuda", 0 if n == 1 else local_rank)
         torch.cuda.set_device(dev)
         return dev
     return torch.device("cpu")
@@ -60,8 +71,7 @@ def _warn_shared_store_restarts(rank: int) -> None:
     """torchrun ``--max-restarts`` with the agent's shared TCPStore (the default): the store's keys outlive a
     restart, so a restarted rank can read a peer's address of the previous attempt and fail with ``Gloo
     connectFullMesh failed ... Connection refused`` (NCCL: ``socketPollConnect ... Connection refused``).
-    Reproduced with torch 2.13 + gloo in a 2-process script; pytorch/pytorch#135712, #167288. The fix is in the
-    launcher's environment, so here only a warning."""
+    pytorch/pytorch#135712, #167288. The fix is in the launcher's environment, so here only a warning."""
     if (
         os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
@@ -76,7 +86,18 @@ def _warn_shared_store_restarts(rank: int) -> None:
 
 
 def init_distributed(device_name: str = "auto") -> DistInfo:
-    """Initialise the default process group (idempotent) and pick this rank's device."""
+    """Initialise the default process group (idempotent) and pick this rank's device (:func:`resolve_device`)
+    from the launcher's environment (module docstring).
+
+    Args:
+        device_name: the config's ``device`` (``auto`` | ``cpu`` | ``cuda``).
+
+    Returns:
+        This rank's :class:`DistInfo` (backend ``nccl`` on CUDA, ``gloo`` on CPU).
+
+    Raises:
+        ConfigError: see :func:`resolve_device`; ``WORLD_SIZE`` > 1 without ``MASTER_ADDR``.
+    """
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -87,7 +108,10 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
         _warn_shared_store_restarts(rank)
         if "MASTER_ADDR" not in os.environ:
             if world != 1:
-                raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is unset: launch with torchrun or torchx")
+                raise ConfigError(
+                    f"environment: WORLD_SIZE={world} but MASTER_ADDR is unset, so the ranks cannot meet; launch "
+                    "with torchrun or torchx (they set both), or unset WORLD_SIZE for one process"
+                )
             os.environ["MASTER_ADDR"] = "127.0.0.1"
             os.environ["MASTER_PORT"] = str(_free_port())
         dist.init_process_group(

@@ -85,7 +85,12 @@ class AUCHistogram:
         self.neg.zero_()
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
-        """Add probabilities in [0, 1] (float ``[n]``) with 0/1 labels ``[n]``."""
+        """Add probabilities in [0, 1] (float ``[n]``) with 0/1 labels ``[n]``.
+
+        Raises:
+            RuntimeError: a NaN probability (torch's ``bincount`` refuses its bucket); the trainer checks the
+                training loss for non-finite values before every evaluation, so diverged weights stop it first.
+        """
         p = probs.detach().float().reshape(-1).clamp(0.0, 1.0).to(self.pos.device)
         keys = p.view(torch.int32).to(torch.int64) >> _SHIFT
         y = labels.detach().reshape(-1).to(self.pos.device) > 0.5
@@ -285,6 +290,19 @@ class MetricWindow:
         self._clear()
         self.restart_clock()
         return out
+
+    def first_nonfinite(self) -> Optional[int]:
+        """The first step (0-based in the window) whose loss is non-finite on any rank, skipped steps aside; None
+        when there is none or the window is empty. Collective when the process group has several ranks (every
+        rank's window holds the same steps); the window is kept. Checked before a checkpoint or an evaluation, so
+        neither runs on weights that a diverged step has already updated."""
+        if not self.losses:
+            return None
+        bad = ((~torch.isfinite(torch.stack(self.losses))) & torch.stack(self.oks)).float()
+        if _dist_on():
+            dist.all_reduce(bad)
+        hits = torch.nonzero(bad).flatten().tolist()
+        return int(hits[0]) if hits else None
 
     def state_dict(self) -> Optional[Dict[str, Any]]:
         """The unlogged steps on the host (None when the window is empty)."""

@@ -12,7 +12,8 @@ config) and the early, clear errors. The planner still does placement and memory
 
 Try a plan without a GPU (the planner runs on the meta device for a CUDA topology)::
 
-    python -c "from dlrm.offload import demo_plan; demo_plan()"
+    python -m dlrm.plan model=dlrm_v2 offload=uvm_caching pipeline=prefetch device=cuda sharding.hbm_cap_gb=131.3 \
+        sharding.ddr_cap_gb=512
 
 Rules: the compute kernels and ``CacheParams`` fields are TorchRec's (``torchrec.distributed.planner.types.
 ParameterConstraints``, ``torchrec.distributed.types.CacheParams``); ``CacheAlgorithm`` is FBGEMM's.
@@ -83,7 +84,7 @@ def check_can_train(cfg: OffloadConfig, device: torch.device) -> None:
     """Refuse to train with host offload off CUDA (plans and dry runs are fine).
 
     Raises:
-        ValueError: ``offload`` is not ``none`` and ``device`` is not CUDA.
+        ConfigError: ``offload`` is not ``none`` and ``device`` is not CUDA.
     """
     if cfg.name != "none" and device.type != "cuda":
         raise ConfigError(
@@ -91,28 +92,3 @@ def check_can_train(cfg: OffloadConfig, device: torch.device) -> None:
             f"kernels keep tables in host memory mapped into a GPU), but this run is on {device.type}; use "
             "offload=none on CPU (plans and dry runs accept it)"
         )
-
-
-def demo_plan(world_size: int = 1, hbm_gb: float = 140.0) -> None:
-    """Print the plan of the full MLPerf model with ``offload=uvm_caching`` for a CUDA topology, on CPU."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.distributed.sharding_plan import get_default_sharders
-
-    from dlrm.config import ModelConfig
-    from dlrm.model import build_model, table_configs
-
-    mc = ModelConfig(
-        name="dlrm_v2",
-        embedding_dim=128,
-        row_cap=None,
-        dense_arch_layer_sizes=[512, 256, 128],
-        over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
-        dcn_low_rank_dim=512,
-    )
-    oc = OffloadConfig(name="uvm_caching", min_table_rows=1_000_000, cache_load_factor=0.2)
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world_size, compute_device="cuda", hbm_cap=int(hbm_gb * 2**30)),
-        constraints=offload_constraints(oc, table_configs(mc)),
-    )
-    plan = planner.plan(build_model(mc), get_default_sharders())
-    print(plan)

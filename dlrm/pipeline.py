@@ -1,5 +1,5 @@
-"""Build the training pipeline (``pipeline=sparse_dist|fused_sparse_dist|semi_sync|prefetch|base``,
-``pipeline.input_dist_group``).
+"""Build the training pipeline (``pipeline=sparse_dist|fused_sparse_dist|semi_sync|prefetch|base|graphed``,
+``pipeline.input_dist_group``; ``graphed`` is :mod:`dlrm.graphed`).
 
 The pipelines are TorchRec's, used as they are:
 
@@ -82,7 +82,8 @@ def check_pipeline_device(cfg: PipelineConfig, device: torch.device) -> None:
     """Refuse a CUDA-only pipeline setting off CUDA (the trainer calls this before loading data).
 
     Raises:
-        ConfigError: ``pipeline=prefetch``, ``fused_sparse_dist`` or ``semi_sync`` on a non-CUDA device.
+        ConfigError: ``pipeline=prefetch``, ``fused_sparse_dist``, ``semi_sync`` or ``graphed`` on a non-CUDA
+            device.
     """
     if cfg.name in CUDA_ONLY and device.type != "cuda":
         raise ConfigError(

@@ -2,7 +2,8 @@
 
 :func:`lr_at` is the rule; :func:`make_scheduler` applies it to every param group of an optimizer (dense Adagrad
 and TorchRec's fused embedding optimizer alike: TorchRec copies ``param_groups[0]["lr"]`` into the TBE at
-``zero_grad()``, which the pipeline calls before each backward) with PyTorch's ``LambdaLR``.
+``zero_grad()``, which the pipeline calls before each backward; ``pipeline=semi_sync`` calls it on the dense
+optimizer only, so the config refuses a schedule there) with PyTorch's ``LambdaLR``.
 
 Fixed against the published MLPerf reference versions (``torchrec_dlrm``): the rate never climbs again
 after the decay window, warmup reaches the base rate on its last step with no plateau below it, and warmup 0

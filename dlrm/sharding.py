@@ -383,7 +383,7 @@ def _too_big(t: TableInfo, need: int, cap: int, cuda: bool) -> str:
         f"the {cap / GiB:.2f} GiB of {mem} per rank the planner may use (after sharding.storage_reservation). "
         f"Options: split it by rows (+sharding.constraints.{t.name}.sharding_types=[row_wise], or sharding="
         f"row_wise), use more GPUs, or keep it in host memory with an HBM cache "
-        f"(sharding.compute_kernel=fused_uvm_caching, CUDA only); or raise sharding.hbm_cap_gb / ddr_cap_gb if "
+        f"(offload=uvm_caching pipeline=prefetch, CUDA only); or raise sharding.hbm_cap_gb / ddr_cap_gb if "
         f"the device has more"
     )
 
@@ -450,6 +450,30 @@ class PlanInfo:
     source: str = "planner"
 
 
+def _apply_constraint_kernels(
+    pi: PlanInfo, wanted: Optional[Dict[str, ParameterConstraints]], cfg: ShardingConfig
+) -> None:
+    """Hold a loaded plan to the kernels and cache parameters the constraint hook sets (host offload): a table
+    ``offload.*`` puts in host memory must have that kernel in the plan, and gets the hook's ``CacheParams``
+    (``plan.json`` records placements, not cache settings), so a plan and a resumed run keep ``offload.*``.
+
+    Raises:
+        PlanError: the plan gives such a table another compute kernel.
+    """
+    for module_plan in pi.plan.plan.values():
+        for name, ps in module_plan.items():  # type: ignore[union-attr]
+            c = (wanted or {}).get(name)
+            if c is None or not c.compute_kernels:
+                continue
+            if ps.compute_kernel not in c.compute_kernels:
+                raise PlanError(
+                    f"config key `sharding.plan_path`: table {name} is {ps.compute_kernel} in {cfg.plan_path}, but "
+                    f"offload.* puts it on {c.compute_kernels[0]}; write the plan with the same offload.* keys "
+                    "(python -m dlrm.plan ... out=plan.json), or drop sharding.plan_path to re-plan"
+                )
+            ps.cache_params = c.cache_params
+
+
 def plan_model(
     model: torch.nn.Module,
     cfg: ShardingConfig,
@@ -482,9 +506,12 @@ def plan_model(
     topo = topology(world_size, local_world_size, device.type, cfg, device)
     hbm_cap, ddr_cap = int(topo.devices[0].storage.hbm), int(topo.devices[0].storage.ddr)
     if cfg.plan_path:
-        return _check_dtypes(
+        pi = _check_dtypes(
             load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap), tables
         )
+        if constraint_hook is not None:
+            _apply_constraint_kernels(pi, constraint_hook({t.name: ParameterConstraints() for t in tables}), cfg)
+        return pi
     sharder = EmbeddingBagSharder()
     constraints = build_constraints(cfg, tables, device.type, pooling_factors, sharder)
     if world_size == 1 and not cfg.sharding_types:
@@ -494,7 +521,8 @@ def plan_model(
         # table_wise is the layout stock TorchRec gets on one GPU.
         for name, c in constraints.items():
             explicit = cfg.constraints.get(name)
-            if not (explicit and explicit.sharding_types):
+            kept = c.sharding_types == [ShardingType.DATA_PARALLEL.value]  # sharding.data_parallel_max_rows
+            if not (explicit and explicit.sharding_types) and not kept:
                 c.sharding_types = [ShardingType.TABLE_WISE.value]
     if constraint_hook is not None:
         constraints = constraint_hook(constraints)
@@ -598,6 +626,9 @@ def make_plan(
 
     Config checks run on every rank first; a planner error on rank 0 is broadcast and raised on every rank
     (no rank is left waiting).
+
+    Raises:
+        PlanError: as :func:`plan_model`, on every rank.
     """
     kwargs = dict(
         world_size=info.world_size,
@@ -644,6 +675,9 @@ def shard(
     on one rank). ``ddp_bucket_cap_mb`` (``perf.ddp_bucket_cap_mb``): DDP's gradient bucket size in MiB.
 
     Returns ``(dmp, plan)``; the planner's estimates are on ``dmp.plan_info`` (:class:`PlanInfo`).
+
+    Raises:
+        PlanError: as :func:`make_plan`.
     """
     fuse_embedding_optimizer(model, opt)
     info_ = make_plan(model, info, cfg, batch_size, opt.sparse_type, pooling_factors, constraint_hook)
@@ -831,8 +865,32 @@ def load_plan(
             doc = json.load(f)
     except (OSError, ValueError) as e:
         raise PlanError(f"{key}: cannot read {path}: {e}") from e
-    if doc.get("format") != PLAN_FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise PlanError(f"{key}: {path} is not a plan.json ({PLAN_FORMAT}); write one with python -m dlrm.plan")
+    try:
+        return _plan_from_json(doc, path, tables, world_size, local_world_size, device_type, hbm_cap, ddr_cap)
+    except InputError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise PlanError(
+            f"{key}: {path} is damaged or hand-edited ({type(e).__name__}: {e}); write it again with python -m "
+            "dlrm.plan ... out=<file>, or drop sharding.plan_path to re-plan"
+        ) from e
+
+
+def _plan_from_json(
+    doc: Dict[str, Any],
+    path: str,
+    tables: Sequence[TableInfo],
+    world_size: int,
+    local_world_size: int,
+    device_type: str,
+    hbm_cap: int,
+    ddr_cap: int,
+) -> PlanInfo:
+    """:func:`load_plan`'s checks and rebuild of a parsed ``plan.json`` (a missing or mistyped field raises
+    KeyError / TypeError / ValueError, which :func:`load_plan` reports)."""
+    key = "config key `sharding.plan_path`"
     if doc["world_size"] != world_size:
         raise PlanError(
             f"{key}: {path} places tables on {doc['world_size']} ranks but this job has {world_size}; "
@@ -872,6 +930,20 @@ def load_plan(
             shards.append(
                 {"module": t["module"], "table": info.name, "sharding_type": stype, "compute_kernel": kernel, **s}
             )
+        if list(t["ranks"]) != [s["rank"] for s in t["shards"]]:  # TorchRec places shard i on ranks[i]
+            raise PlanError(
+                f"{key}: table {info.name} in {path}: ranks {t['ranks']} do not list its shards' ranks "
+                f"{[s['rank'] for s in t['shards']]} in order; re-plan for this model (drop sharding.plan_path)"
+            )
+        if stype != ShardingType.DATA_PARALLEL.value:
+            boxes = [(*s["offsets"], *s["sizes"]) for s in t["shards"]]
+            for i, (r0, c0, r, c) in enumerate(boxes):
+                for q0, d0, q, d in boxes[i + 1 :]:
+                    if r0 < q0 + q and q0 < r0 + r and c0 < d0 + d and d0 < c0 + c:
+                        raise PlanError(
+                            f"{key}: table {info.name} in {path}: shards at rows {r0}, cols {c0} and rows {q0}, "
+                            f"cols {d0} overlap; re-plan for this model (drop sharding.plan_path)"
+                        )
         expect = info.rows * info.dim * (world_size if stype == ShardingType.DATA_PARALLEL.value else 1)
         if area != expect:
             raise PlanError(

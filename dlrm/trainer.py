@@ -159,7 +159,8 @@ def build_training(
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
-    # pipeline: semi_sync steps the dense optimizer only (the fused one has no step; see dlrm/pipeline.py)
+    # pipeline: semi_sync steps the dense optimizer only (the tables' fused optimizer runs in the TBE backward;
+    # its step only hands a changed rate to the TBE, and Config refuses a schedule with semi_sync)
     # data_parallel tables are stepped by the dense optimizer, which the graph replaces by element-wise Adagrad
     dp_tables = "data_parallel" in sharding_types_of(plan)
     if cfg.pipeline.name == "graphed" and cfg.optimizer.sparse_type != "adagrad" and dp_tables:
@@ -219,15 +220,15 @@ class Trainer:
         the model, build the optimizers, schedule and pipeline, then restore the checkpoint if there is one.
 
         Raises:
-            ConfigError: a config value this run cannot use: a device, offload, perf or pipeline setting this
-                device or world cannot run, ``data.global_batch_size`` not a multiple of the world size, fewer
-                training rows than ranks, ``checkpoint.resume`` naming no checkpoint, a checkpoint of another
-                global batch.
+            ConfigError: a launch environment that cannot work (``WORLD_SIZE`` > 1 without ``MASTER_ADDR``, more
+                local ranks than GPUs); a config value this run cannot use: a device, offload, perf or pipeline
+                setting this device or world cannot run, ``data.global_batch_size`` not a multiple of the world
+                size, fewer training rows than ranks, data kept on the GPU that fills its HBM,
+                ``checkpoint.resume`` naming no checkpoint, a checkpoint of another global batch.
             InputError: other bad input, as the subclass that names the file, row or table: a data file
                 (``TsvFormatError``, ``BinaryFormatError``; a directory given as a file), the sharding
                 (``PlanError``), a damaged or mismatched checkpoint (``CheckpointError``).
             FileNotFoundError: a data file named by the config does not exist.
-            RuntimeError: ``WORLD_SIZE > 1`` without ``MASTER_ADDR`` (not launched by torchrun or torchx).
 
         ``train.py`` prints ``InputError`` (``ConfigError`` is one) and ``FileNotFoundError`` as one ``error:``
         line and exits with status 2 (``dlrm/cli.py``).
@@ -302,11 +303,17 @@ class Trainer:
         self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
         if self.steps_per_epoch == 0:
             raise ConfigError(
-                f"the training split has {len(self.train_split)} rows, fewer than the world size "
-                f"({info.world_size}); give more rows"
+                f"config key `data.train_path` / `data.num_train_samples`: the training split has "
+                f"{len(self.train_split)} rows, fewer than the world size ({info.world_size}); give more rows"
             )
         total = self.steps_per_epoch * cfg.trainer.epochs
         self.total_steps = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
+        last = cfg.profile_wait_steps + 1 + cfg.profile_steps  # StepProfiler records steps wait + 2 .. last
+        if cfg.profile and self.total_steps < last:
+            raise ConfigError(
+                f"config key `profile_steps`: profile=true records steps {cfg.profile_wait_steps + 2}-{last}, but this "
+                f"run trains {self.total_steps}; lower profile_wait_steps / profile_steps, or train longer"
+            )
         ev = cfg.eval
         self.eval_every = ev.every_n_steps or (max(1, self.steps_per_epoch // ev.per_epoch) if ev.per_epoch else 0)
         n_eval = len(self.val_split)
@@ -331,6 +338,12 @@ class Trainer:
         build_cfg = cfg
         if self.device_data_bytes:  # the planner may use what the data on the device leaves of its HBM
             hbm = cfg.sharding.hbm_cap_gb or torch.cuda.get_device_properties(info.device).total_memory / 2**30
+            if self.device_data_bytes / 2**30 >= hbm:
+                raise ConfigError(
+                    f"config key `data.assemble_on_device` / `data.multi_hot_on_device`: the data kept on "
+                    f"{info.device} ({self.device_data_bytes / 2**30:.1f} GiB) fills its {hbm:.1f} GiB of HBM before "
+                    "any table; set both to false to keep the data in host memory"
+                )
             build_cfg = dataclasses.replace(
                 cfg, sharding=dataclasses.replace(cfg.sharding, hbm_cap_gb=hbm - self.device_data_bytes / 2**30)
             )
@@ -388,6 +401,7 @@ class Trainer:
             decay_steps=opt.decay_steps,
             train_samples=len(self.train_split),
             eval_samples=n_eval,
+            sparse_lr=opt.sparse_lr,
         )
         # checkpoint: restore model, optimizers, schedule, step, RNG and the metric window (dlrm/checkpoint.py)
         self.state.window = MetricWindow(info.device)
@@ -534,6 +548,7 @@ class Trainer:
                 cfg.eval.at_end and self.step == self.total_steps
             )
             if due:
+                self._check_finite(win)
                 epoch_num = self.step / self.steps_per_epoch
                 self.mlperf.block_stop(epoch_num, self.samples_seen)
                 win.pause_clock()  # evaluation time is not training time
@@ -556,14 +571,15 @@ class Trainer:
                 if self.step < self.total_steps:
                     self.mlperf.block_start(epoch_num, self.samples_seen)
                 win.resume_clock()
-            if self.ckpt.after_step(self.state):  # checkpoint: periodic save; SIGTERM saves and ends the run
+            # checkpoint: periodic save; SIGTERM saves and ends the run; never a diverged state
+            if self.ckpt.after_step(self.state, before_save=lambda: self._check_finite(win)):
                 self.metrics.log_line(self.ckpt.preempt_message or "")
                 return last_val
         self.profiler.close()
         if isinstance(self.pipeline, GraphedTrainPipeline):
             self.pipeline.check_bag_sizes()
-        if target_hit and self.step % every != 0:
-            self._log_window(win, t_start)
+        if target_hit and not (self.step % every == 0 or self.step == self.total_steps):
+            self._log_window(win, t_start)  # the early stop's partial window (the loop logs the others)
         self.ckpt.at_end(self.state)  # checkpoint: the last step, if an early stop skipped its periodic save
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
@@ -576,18 +592,28 @@ class Trainer:
             )
         return last_val
 
+    def _nonfinite(self, step: int) -> FloatingPointError:
+        """The error for a non-finite training loss first seen at ``step`` (1-based)."""
+        assert self.info is not None
+        return FloatingPointError(
+            f"non-finite training loss at step {step} (rank {self.info.rank} batch: {self._position(step)}); "
+            f"last finite metrics: {self.last_train or 'none yet'}. Lower optimizer.lr, check that batch's "
+            "rows, or set trainer.on_nonfinite=skip_batch to drop batches with non-finite inputs"
+        )
+
+    def _check_finite(self, win: MetricWindow) -> None:
+        """Raise :meth:`_nonfinite` if a step of the unlogged window diverged (collective)."""
+        bad = win.first_nonfinite()
+        if bad is not None:
+            raise self._nonfinite(self.step - len(win.losses) + 1 + bad)
+
     def _log_window(self, win: MetricWindow, t_start: float) -> None:
         """Reduce the window over ranks, check it for non-finite losses, and log one record."""
         cfg, info = self.cfg, self.info
         assert info is not None and self.metrics is not None
         stats = win.reduce(cfg.logger.train_auc)
         if stats["bad_steps"]:
-            first = self.step - stats["steps"] + 1 + stats["bad_steps"][0]
-            raise FloatingPointError(
-                f"non-finite training loss at step {first} (rank {info.rank} batch: {self._position(first)}); "
-                f"last finite metrics: {self.last_train or 'none yet'}. Lower optimizer.lr, check that batch's "
-                "rows, or set trainer.on_nonfinite=skip_batch to drop batches with non-finite inputs"
-            )
+            raise self._nonfinite(self.step - stats["steps"] + 1 + stats["bad_steps"][0])
         if stats["skipped"]:
             where = "; ".join(self._position(self.step - stats["steps"] + 1 + i) for i in stats["skipped"][:5])
             log.warning(
