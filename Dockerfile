@@ -25,9 +25,10 @@ RUN pip install torch==2.11.0 --index-url ${TORCH_INDEX_URL} \
     && pip install fbgemm-gpu==1.6.0 --index-url ${TORCH_INDEX_URL} \
     && pip install --no-deps torchrec==1.6.1
 WORKDIR /workspace/dlrm
-# Dependencies first (pyproject.toml changes less often than the code, so this layer stays cached).
+# Dependencies first (pyproject.toml changes less often than the code, so this layer stays cached), with the
+# `wandb` extra so that logger=[...,wandb] runs in the image. Unquoted: sh leaves .[wandb] as it is (no file matches).
 COPY pyproject.toml README.md ./
-RUN mkdir -p dlrm/data && touch dlrm/__init__.py dlrm/data/__init__.py && pip install -e . \
+RUN mkdir -p dlrm/data && touch dlrm/__init__.py dlrm/data/__init__.py && pip install -e .[wandb] \
     && rm -rf dlrm
 COPY . .
 # Editable: the configs in conf/ are read from /workspace/dlrm, and torchx's workspace patching (COPY . . over

@@ -35,5 +35,6 @@ test: venv
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Not outputs/: it holds every run's metrics, logs and checkpoints.
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) .pytest_cache

@@ -46,7 +46,10 @@ def main(argv: list) -> int:
         print(__doc__.strip())
         return 0
     if not argv:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print(
+            "error: no file given; usage: python data/check_tsv.py FILE [FILE ...] (plain or gzip Criteo TSV)",
+            file=sys.stderr,
+        )
         return 2
     # A path that is not a file is the caller's mistake, not a finding about data: refuse it before reading any.
     try:

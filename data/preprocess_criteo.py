@@ -87,6 +87,36 @@ def _ints(spec: str, mlperf: List[int], what: str) -> List[int]:
     return values
 
 
+def _check_convert_flags(args: argparse.Namespace) -> None:
+    """Refuse flag values the conversion cannot use, and flags that the chosen layout or transform ignores.
+
+    Raises:
+        PreprocessError: naming the flag and the fix.
+    """
+    if args.block_mb < 1:
+        raise P.PreprocessError(f"--block-mb {args.block_mb}: give a block size in MiB >= 1 (default 8)")
+    if args.row_cap is not None and args.row_cap < 1:
+        raise P.PreprocessError(f"--row-cap {args.row_cap}: give a positive number of rows, or leave it out")
+    if args.layout == "kaggle":
+        if args.days is not None:
+            raise P.PreprocessError(
+                f"--days {args.days}: --layout kaggle cuts train.txt into {P.KAGGLE_DAYS} days itself; drop --days"
+            )
+        if args.input_dir is not None:
+            raise P.PreprocessError(
+                f"--input-dir {args.input_dir}: --layout kaggle reads one file, --input train.txt; drop --input-dir"
+            )
+    elif args.input is not None:
+        raise P.PreprocessError(
+            f"--input {args.input}: --layout terabyte reads the day files in --input-dir; drop --input"
+        )
+    if args.dense_min is not None and args.dense_transform != "mlperf":
+        raise P.PreprocessError(
+            f"--dense-min {args.dense_min}: only the mlperf transform log(x - m + 2) has an m; drop --dense-min, "
+            "or use --dense-transform mlperf"
+        )
+
+
 def main(argv: List[str]) -> int:
     if argv and argv[0] in ("multihot", "verify"):
         cmd, argv = argv[0], argv[1:]
@@ -101,7 +131,9 @@ def main(argv: List[str]) -> int:
         ap.add_argument("--layout", choices=("terabyte", "kaggle"), required=True)
         ap.add_argument("--input-dir", help="terabyte: directory with day_N or day_N.gz")
         ap.add_argument("--input", help="kaggle: train.txt (or .gz)")
-        ap.add_argument("--days", default="0-23", help="terabyte days, e.g. 0-23 or 0,1,23; the last one evaluates")
+        ap.add_argument(
+            "--days", default=None, help="terabyte days, e.g. 0-23 or 0,1,23 (default 0-23); the last one evaluates"
+        )
         ap.add_argument("--dense-transform", choices=P.TRANSFORMS, default="mlperf")
         ap.add_argument(
             "--dense-min",
@@ -110,8 +142,8 @@ def main(argv: List[str]) -> int:
             help="fix m of the mlperf transform instead of taking the training days' minimum",
         )
         ap.add_argument("--table-rows", default="mlperf", help="26 comma-separated table sizes, or mlperf")
-        ap.add_argument("--row-cap", type=int, default=None, help="cap every table at this many rows")
-        ap.add_argument("--block-mb", type=int, default=8, help="read/parse block size per worker (MiB)")
+        ap.add_argument("--row-cap", type=int, default=None, help="cap every table at this many rows (> 0)")
+        ap.add_argument("--block-mb", type=int, default=8, help="read/parse block size per worker (MiB, >= 1)")
         ap.add_argument(
             "--keep-raw-dense",
             action="store_true",
@@ -135,13 +167,14 @@ def main(argv: List[str]) -> int:
                 out=args.out, sizes=sizes, seed=args.seed, materialize=args.mode == "materialize", workers=args.workers
             )
             return 0
+        _check_convert_flags(args)
         rows = _ints(args.table_rows, MLPERF_NUM_EMBEDDINGS, "--table-rows")
-        if args.row_cap:
+        if args.row_cap is not None:
             rows = [min(r, args.row_cap) for r in rows]
         if args.layout == "terabyte":
             if not args.input_dir:
                 ap.error("--layout terabyte needs --input-dir")
-            days = _days(args.days)
+            days = _days(args.days or "0-23")
             inputs = P.find_day_files(args.input_dir, days)
         else:
             if not args.input:

@@ -72,14 +72,14 @@ import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm import torchrec_compat as compat
@@ -250,12 +250,15 @@ def verify_checkpoint(path: str, rank: int = 0, world: int = 1, full: bool = Tru
     ``full=False`` only the sizes are checked.
 
     Returns:
-        None when this rank's share is intact (or the checkpoint predates manifests), else one line naming the
+        None when this rank's share is intact, or ``path`` is a bare DCP checkpoint (``.metadata`` without this
+        trainer's ``meta.json``, e.g. a ``dcp.save`` of one's own), which has no manifest; else one line naming the
         file and what is wrong.
     """
     mpath = os.path.join(path, MANIFEST)
     if not os.path.isfile(mpath):
-        return None
+        if not os.path.isfile(os.path.join(path, META)):
+            return None
+        return f"{MANIFEST} is missing (every save writes one: the checkpoint was copied or written incompletely)"
     try:
         with open(mpath, encoding="utf-8") as f:
             manifest = json.load(f)
@@ -293,6 +296,16 @@ def _verify_files(path: str, files: Dict[str, Any], rank: int, world: int, full:
             if err is not None:
                 return err
     return None
+
+
+def unreadable_data(path: str, e: BaseException, fix: str) -> CheckpointError:
+    """The error for a DCP load of checkpoint ``path`` that failed with ``e``, naming its first cause and ``fix``.
+    DCP reports a failed read as a ``CheckpointException``, a ``BaseException`` (not an ``Exception``) whose text
+    is every rank's traceback; the first rank's exception is named instead."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return CheckpointError(f"checkpoint {path}: its data cannot be read ({type(e).__name__}: {text}); {fix}")
 
 
 # ------------------------------------------------------------------------------------------------ app state
@@ -390,11 +403,8 @@ def load_app_state(
     state = {"model": target["model"], "optim": optim_keep}
     try:
         dcp.load(state, checkpoint_id=path, process_group=process_group)
-    except Exception as e:  # noqa: BLE001 - e.g. a truncated .distcp of a checkpoint without a manifest
-        raise CheckpointError(
-            f"checkpoint {path}: its data cannot be read ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''})"
-        ) from e
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a .distcp damaged after verification
+        raise unreadable_data(path, e, "give another checkpoint.resume (auto takes the newest intact one)") from e
     report.restored = sorted(_flatten(state))
     if dist.is_initialized() and dist.get_world_size(process_group) > 1:
         # a rank holds optimizer state only for the tables it has shards of: report the union
@@ -538,10 +548,13 @@ def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optio
 
     ``checkpoint.resume=auto``: the newest complete checkpoint under ``root`` that is intact; a damaged one is
     logged, naming the file, and the previous one is tried. ``none``: None. A path: that checkpoint, which must
-    be intact. Interrupted saves (``step_<N>.tmp``) are removed first.
+    be intact and, when it lies in ``root``, the newest there. Interrupted saves (``step_<N>.tmp``) are removed
+    first.
 
     Raises:
-        ConfigError: ``checkpoint.resume`` names no checkpoint.
+        ConfigError: ``checkpoint.resume`` names no checkpoint, or an older one of ``root``: this run's saves would
+            go beside the newer ones of the abandoned run, ``checkpoint.keep_last`` would prune the oldest (the one
+            resumed from) and a restart with ``resume=auto`` would take the abandoned run's newest.
         CheckpointError: the named checkpoint is damaged, or every checkpoint under ``root`` is.
     """
     if cfg.resume == "none":
@@ -556,6 +569,14 @@ def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optio
                 box[0] = [resolve_checkpoint(cfg.resume)]
             except FileNotFoundError as e:
                 box[0] = f"config key `checkpoint.resume`: {e}; give a step_<N> directory, auto or none"
+            else:
+                newer = _newer_in_root(box[0][0], root)
+                if newer is not None:
+                    old = os.path.basename(box[0][0])
+                    box[0] = (
+                        f"config key `checkpoint.resume`: {root} holds {newer}, newer than {old}; set "
+                        f"checkpoint.dir=<a new directory> to branch from {old}, or move the newer checkpoints aside"
+                    )
     if dist.is_initialized() and info.world_size > 1:
         dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], str):
@@ -586,6 +607,15 @@ def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optio
     return None
 
 
+def _newer_in_root(path: str, root: str) -> Optional[str]:
+    """The name of the newest checkpoint in ``root`` when ``path`` is an older one of ``root``, else None."""
+    if os.path.realpath(os.path.dirname(os.path.normpath(path))) != os.path.realpath(root):
+        return None
+    step = int(_STEP_RE.match(os.path.basename(os.path.normpath(path))).group(1))  # type: ignore[union-attr]
+    later = [s for s, _ in list_checkpoints(root) if s > step]
+    return f"step_{later[-1]}" if later else None
+
+
 def planning_inputs(cfg: Config, global_batch: int) -> Dict[str, Any]:
     """What the plan is a function of, besides the world layout: the model, ``sharding.*`` (but a given
     ``plan_path``), ``offload.*``, the table dtype, the embedding optimizer, the global batch and the bag sizes;
@@ -607,24 +637,36 @@ def planning_inputs(cfg: Config, global_batch: int) -> Dict[str, Any]:
 def saved_plan(path: str, info: DistInfo, inputs: Dict[str, Any]) -> Optional[str]:
     """The ``plan.json`` saved with checkpoint ``path`` when this job has the layout it was planned for (world
     size, ranks per host, device type) and the same :func:`planning_inputs`, else None (logged: the job plans
-    anew)."""
+    anew; a ``plan.json`` or ``meta.json`` that cannot be read or lacks those fields is a warning)."""
     plan = os.path.join(path, PLAN)
     if not os.path.isfile(plan):
         return None
-    with open(plan, encoding="utf-8") as f:
-        doc = json.load(f)
-    had = (doc.get("world_size"), doc.get("local_world_size"), doc.get("compute_device"))
+    try:
+        with open(plan, encoding="utf-8") as f:
+            doc = json.load(f)
+        had = (doc["world_size"], doc["local_world_size"], doc["compute_device"])
+        planning = read_meta(path).get("planning")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning(
+            "checkpoint %s: %s or %s is unreadable or incomplete (%s: %s); planning anew",
+            path,
+            PLAN,
+            META,
+            type(e).__name__,
+            e,
+        )
+        return None
     now = (info.world_size, info.local_world_size, info.device.type)
     if had != now:
         log.info(
-            "checkpoint %s was planned for %d ranks (%d per host) on %s and this job has %d (%d per host) on "
+            "checkpoint %s was planned for %s ranks (%s per host) on %s and this job has %d (%d per host) on "
             "%s: planning anew",
             path,
             *had,
             *now,
         )
         return None
-    if read_meta(path).get("planning") != inputs:
+    if planning != inputs:
         log.info("checkpoint %s was planned for another model, sharding, offload or batch config: planning anew", path)
         return None
     log.info("resuming into the plan saved with %s (fingerprint %s)", path, doc.get("fingerprint", "?"))
@@ -647,13 +689,90 @@ class TrainState:
 
 @dataclass
 class RunFacts:
-    """What ``meta.json`` records about the run, and what a resume checks against it."""
+    """What ``meta.json`` records about the run; a resume checks the global batch, the steps per epoch and the data
+    settings against it (:func:`check_resume`)."""
 
     global_batch: int
     steps_per_epoch: int
     total_steps: int  # the last step of this run (a periodic save also falls on it)
     plan: Any  # the dlrm.sharding.PlanInfo (saved as plan.json beside the checkpoint)
     config: Config
+
+
+# What a resume reads from meta.json, with its JSON type.
+_RESUME_KEYS: Tuple[Tuple[str, type], ...] = (
+    ("step", int),
+    ("samples", int),
+    ("world_size", int),
+    ("global_batch", int),
+    ("steps_per_epoch", int),
+    ("scheduler", dict),
+    ("config", dict),
+)
+# data.* keys that decide which rows step N trains on, per data.name (besides data.name, max_rows and shuffle).
+_ROW_KEYS: Dict[str, Tuple[str, ...]] = {
+    "synthetic": ("num_train_samples", "num_val_samples", "num_test_samples", "teacher_seed", "teacher_dim"),
+    # file and dataset paths are not compared: a dataset may move between a save and the resume; a different
+    # one of another size still fails the steps-per-epoch check
+    "criteo_tsv": ("val_fraction",),
+}
+
+
+def _as_override(v: Any) -> str:
+    return json.dumps(v) if v is None or isinstance(v, bool) else str(v)
+
+
+def check_resume(path: str, meta: Any, run: RunFacts) -> None:
+    """Refuse to resume from checkpoint ``path`` (``meta``: its parsed ``meta.json``) a run it does not continue.
+
+    The data position is the step count (:class:`TrainState`), so the resumed run must cut the same rows into the
+    same batches: the same data source and rows (``data.name``, ``data.max_rows``, ``data.val_fraction``, the
+    synthetic sizes and teacher), ``data.shuffle`` (and, shuffled, ``seed``), global batch and steps per epoch.
+    Paths are not compared (a dataset may have moved); one of another size changes the steps per epoch.
+
+    Raises:
+        CheckpointError: ``meta.json`` lacks a key the resume reads, or holds it with another type (it is damaged).
+        ConfigError: one of those settings differs; the message names the key and the checkpoint's value.
+    """
+    for key, kind in _RESUME_KEYS:
+        value = meta.get(key) if isinstance(meta, dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(
+                f"checkpoint {path}: {META} lacks `{key}` (or it is not a JSON {'object' if kind is dict else 'int'})"
+                "; it is damaged: give another checkpoint.resume (auto takes the newest intact one)"
+            )
+    was, seed = meta["config"].get("data"), meta["config"].get("seed")
+    if not isinstance(was, dict) or not isinstance(seed, int):
+        raise CheckpointError(
+            f"checkpoint {path}: {META} lacks `config.data` or `config.seed`; it is damaged: give another "
+            "checkpoint.resume (auto takes the newest intact one)"
+        )
+    data, step = run.config.data, meta["step"]
+    for key in ("name", "max_rows", "shuffle", *_ROW_KEYS.get(data.name, ())):
+        if was.get(key) != getattr(data, key):
+            raise ConfigError(
+                f"config key `data.{key}`: checkpoint {path} was trained with data.{key}="
+                f"{_as_override(was.get(key))}, this run has {_as_override(getattr(data, key))}; its step {step} "
+                f"would point at other rows: set data.{key}={_as_override(was.get(key))}, or checkpoint.resume=none "
+                "to start fresh"
+            )
+    if data.shuffle and seed != run.config.seed:
+        raise ConfigError(
+            f"config key `seed`: checkpoint {path} shuffled its rows with seed={seed}, this run has "
+            f"{run.config.seed}; set seed={seed} so the shuffled order carries over, or checkpoint.resume=none"
+        )
+    if meta["global_batch"] != run.global_batch:
+        raise ConfigError(
+            f"config key `data.global_batch_size`: checkpoint {path} was trained with a global batch of "
+            f"{meta['global_batch']} ({meta['world_size']} ranks), this run has {run.global_batch}; "
+            f"set data.global_batch_size={meta['global_batch']} so the data position carries over"
+        )
+    if meta["steps_per_epoch"] != run.steps_per_epoch:
+        raise ConfigError(
+            f"config key `data`: checkpoint {path} was trained at {meta['steps_per_epoch']} steps per epoch, this "
+            f"run has {run.steps_per_epoch} (its training split has another size at this world size); resume with "
+            "the data settings of its meta.json `config.data`, or checkpoint.resume=none"
+        )
 
 
 class Checkpointer:
@@ -713,9 +832,10 @@ class Checkpointer:
         checkpoint ``path`` (:func:`choose_checkpoint`'s choice; None: a fresh start). Returns ``path``.
 
         Raises:
-            ConfigError: the checkpoint's global batch differs from this run's (the data position would not
-                match).
-            CheckpointError: the checkpoint cannot be read, or holds another model.
+            ConfigError: the checkpoint was trained on other data settings, global batch or steps per epoch
+                (:func:`check_resume`: the data position would not match).
+            CheckpointError: the checkpoint cannot be read, its ``meta.json`` is damaged, or it holds another
+                model.
         """
         if path is None:
             return None
@@ -724,12 +844,7 @@ class Checkpointer:
             meta = read_meta(path)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"checkpoint {path}: {META} is unreadable ({type(e).__name__}: {e})") from e
-        if meta["global_batch"] != self.run.global_batch:
-            raise ConfigError(
-                f"config key `data.global_batch_size`: checkpoint {path} was trained with a global batch of "
-                f"{meta['global_batch']} ({meta['world_size']} ranks), this run has {self.run.global_batch}; "
-                f"set data.global_batch_size={meta['global_batch']} so the data position carries over"
-            )
+        check_resume(path, meta, self.run)
         report = load_app_state(path, self.model, self.optimizer, self.pg)
         self.scheduler.load_state_dict(meta["scheduler"])
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
@@ -762,11 +877,15 @@ class Checkpointer:
         return path
 
     # ---------------------------------------------------------------------------------------------- save
-    def after_step(self, state: TrainState) -> bool:
+    def after_step(self, state: TrainState, before_save: Optional[Callable[[], None]] = None) -> bool:
         """Call at the end of every training step. Saves when due; on SIGTERM saves and returns True (the
-        caller leaves the loop, logs :attr:`preempt_message`, and the run ends with status 0)."""
+        caller leaves the loop, logs :attr:`preempt_message`, and the run ends with status 0). ``before_save``
+        runs on every rank before either save (the trainer's check for a diverged loss: it raises, and nothing
+        is written)."""
         self._poll()
         if self.cfg.save_on_sigterm and self._agree_sigterm():
+            if before_save is not None:
+                before_save()
             self.save(state, block=True)
             self.preempted = True
             self.preempt_message = (
@@ -777,6 +896,8 @@ class Checkpointer:
             return True
         every = self.cfg.every_n_steps
         if every and (state.step % every == 0 or state.step == self.run.total_steps):
+            if before_save is not None:
+                before_save()
             self.save(state, block=not self.cfg.async_save)
         return False
 
@@ -797,6 +918,12 @@ class Checkpointer:
 
         The previous async save is waited for first. With ``block=False`` this returns once the state is staged
         in host memory; the files appear as ``step_<N>/`` when the background write has finished.
+
+        Raises:
+            OSError: ``checkpoint.dir`` cannot be created or written (permissions, a full disk).
+            torch.distributed.checkpoint.CheckpointException: DCP's write failed on a rank (it wraps that rank's
+                error). With ``block=False`` a failure of the background write surfaces from the next
+                :meth:`wait` (which :meth:`save` and :meth:`close` call).
         """
         self.wait()
         step = state.step

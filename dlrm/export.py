@@ -22,10 +22,10 @@ from typing import Dict, Optional, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from dlrm.checkpoint import CheckpointError, resolve_checkpoint, verify_checkpoint
+from dlrm.checkpoint import CheckpointError, resolve_checkpoint, unreadable_data, verify_checkpoint
 
 
 def _checkpoint_dir(path: str) -> str:
@@ -57,13 +57,18 @@ def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
     }
     try:
         dcp.load(sd, checkpoint_id=path, no_dist=True)
-    except Exception as e:  # noqa: BLE001 - e.g. a truncated .distcp of a checkpoint without a manifest
-        raise CheckpointError(f"checkpoint {path}: its data cannot be read ({type(e).__name__})") from e
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a truncated .distcp that no manifest covers
+        raise unreadable_data(path, e, "restore the file, or export another checkpoint") from e
     return {k[len(prefix) :]: v for k, v in sd.items()}
 
 
 def export(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:
-    """Write the model part of ``checkpoint`` unsharded to ``out``; returns the state dict."""
+    """Write the model part of ``checkpoint`` unsharded to ``out``; returns the state dict.
+
+    Raises:
+        FileNotFoundError / CheckpointError: as :func:`full_state_dict`.
+        OSError / RuntimeError: ``out`` cannot be written (``torch.save``: a missing directory is a RuntimeError).
+    """
     sd = full_state_dict(checkpoint, "model.")
     torch.save(sd, out)
     return sd
@@ -71,11 +76,21 @@ def export(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m dlrm.export CHECKPOINT OUT``; returns the exit status: 0, or 2 after one ``error:`` line on
-    stderr when ``CHECKPOINT`` holds no complete checkpoint or a damaged one."""
+    stderr when ``CHECKPOINT`` holds no complete checkpoint or a damaged one, or when ``OUT`` is empty, a directory
+    or in a directory that does not exist (checked before any table is gathered)."""
     ap = argparse.ArgumentParser(prog="python -m dlrm.export", description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint", help="a step_<N> checkpoint directory, or a directory holding some")
     ap.add_argument("out", help="output .pt file (a plain state dict)")
     args = ap.parse_args(argv)
+    where = os.path.dirname(args.out) or "."
+    bad = None
+    if os.path.isdir(args.out) or not args.out:
+        bad = f"{'a directory' if args.out else 'empty'}; give the path of the .pt file to write"
+    elif not os.path.isdir(where):
+        bad = f"no such directory {where!r}; create it or pass another path"
+    if bad is not None:
+        print(f"error: OUT {args.out!r}: {bad}", file=sys.stderr)
+        return 2
     try:
         path = _checkpoint_dir(args.checkpoint)
         sd = export(path, args.out)

@@ -9,10 +9,13 @@ dlrm_dcnv2)::
 What is logged (keys from ``mlperf_logging.mllog.constants``): cache_clear, init_start/stop, the submission keys,
 the hyperparameters the dlrm_dcnv2 rules check (global_batch_size, opt_name adagrad, opt_base_learning_rate,
 opt_adagrad_learning_rate_decay 0, opt_weight_decay 0, opt_adagrad_initial_accumulator_value 0,
-opt_adagrad_epsilon, the warmup/decay steps), train_samples, eval_samples, gradient_accumulation_steps 1,
-run_start, block_start/stop per evaluation interval, eval_start/eval_accuracy/eval_stop with ``epoch_num`` as a
-fraction of the epoch (MLPerf: 0.05 ... 1.0 with 20 evaluations per epoch), run_stop with status success (target
-reached) or aborted.
+opt_adagrad_epsilon, the warmup/decay steps), train_samples, eval_samples, gradient_accumulation_steps 1, and
+opt_sparse_base_learning_rate when :meth:`MlperfLogger.hyperparameters` is given the tables' own rate
+(``optimizer.sparse_lr``; the dlrm_dcnv2 rules do not check this key), run_start, block_start/stop per
+evaluation interval, eval_start/eval_accuracy/eval_stop with ``epoch_num`` as a fraction of the epoch (MLPerf:
+0.05 ... 1.0 with 20 evaluations per epoch), run_stop with status success or aborted: the trainer logs success
+when ``eval.target_auc`` was reached, and also when it is null (a run without a target that trained to its end),
+aborted when a target was set and not reached; a run that SIGTERM ends early logs no run_stop.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class MlperfLogger:
         decay_steps: int,
         train_samples: int,
         eval_samples: int,
+        sparse_lr: Optional[float] = None,
     ) -> None:
         """Log the hyperparameters the dlrm_dcnv2 compliance rules check (module docstring), one event each.
 
@@ -76,6 +80,8 @@ class MlperfLogger:
             lr: base learning rate (``optimizer.lr``); eps: Adagrad epsilon.
             warmup, decay_start, decay_steps: the schedule's lengths and start, in steps.
             train_samples, eval_samples: rows of the training and validation splits.
+            sparse_lr: the tables' base learning rate (``optimizer.sparse_lr``), logged as
+                ``opt_sparse_base_learning_rate`` when given; None: the tables train at ``lr``.
         """
         if not self.on:
             return
@@ -95,6 +101,8 @@ class MlperfLogger:
             c.TRAIN_SAMPLES: train_samples,
             c.EVAL_SAMPLES: eval_samples,
         }
+        if sparse_lr is not None:
+            values[c.OPT_SPARSE_BASE_LR] = sparse_lr
         for k, v in values.items():
             self._m.event(key=k, value=v)
 
@@ -130,8 +138,8 @@ class MlperfLogger:
             self._m.end(key=self.c.EVAL_STOP, metadata=meta)
 
     def run_stop(self, success: bool, samples: Optional[int] = None) -> None:
-        """Log ``run_stop`` with status ``success`` (target reached) or ``aborted``, and ``samples_count`` (training
-        samples seen over all ranks) when given."""
+        """Log ``run_stop`` with status ``success`` or ``aborted`` (the caller's verdict; the trainer's is in the
+        module docstring), and ``samples_count`` (training samples seen over all ranks) when given."""
         if self.on:
             meta: Dict[str, Any] = {"status": self.c.SUCCESS if success else self.c.ABORTED}
             if samples is not None:

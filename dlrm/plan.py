@@ -24,6 +24,7 @@ tables stay on meta.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from typing import List, Optional, Sequence, Tuple
@@ -33,10 +34,10 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from dlrm import estimate as est
-from dlrm.config import Config, ConfigError, compose, error_line, to_config
+from dlrm.config import Config, ConfigError, InputError, compose, error_line, to_config
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
-from dlrm.sharding import PlanError, PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
+from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
 from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
 
 OWN_KEYS = ("world_size", "local_world_size", "out")
@@ -101,10 +102,12 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
 
 
 def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Optional[int] = None) -> PlanInfo:
-    """Compose the config and plan its model for ``world_size`` ranks (``local_world_size`` per host).
+    """Compose the config and plan its model for ``world_size`` ranks (``local_world_size`` per host; None: one
+    host).
 
     Raises:
-        ConfigError / PlanError: a bad config or an impossible plan; the message names the key or table.
+        ConfigError / PlanError: a bad config, ``world_size`` below 1, a ``local_world_size`` below 1 or not dividing
+            ``world_size``, or an impossible plan; the message names the key or table.
     """
     return _plan_job(overrides, world_size, local_world_size)[0]
 
@@ -115,8 +118,13 @@ def _plan_job(
     """:func:`plan_job`, also returning the config, the model (tables on meta) and the batch per rank."""
     cfg = to_config(compose(list(overrides)))
     if world_size < 1:
-        raise ConfigError("config key `world_size`: must be >= 1")
-    local = local_world_size or world_size
+        raise ConfigError(f"config key `world_size`: must be >= 1 (got {world_size})")
+    if local_world_size is not None and (local_world_size < 1 or world_size % local_world_size):
+        raise ConfigError(
+            f"config key `local_world_size`: must be >= 1 and divide world_size={world_size} (got "
+            f"{local_world_size}); give the ranks per host, e.g. local_world_size=8"
+        )
+    local = world_size if local_world_size is None else local_world_size
     if cfg.device == "cuda":
         device = torch.device("cuda")
     elif cfg.device == "cpu":
@@ -152,7 +160,7 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
     the measured one-GPU figures (``pipeline=graphed`` on one rank only), its collectives from ``dlrm.traffic``.
 
     Raises:
-        ValueError: no measured figure for this config and no ``--step-ms``.
+        ConfigError: no measured figure for this config and no ``--step-ms`` (named after ``--estimate``).
     """
     intra, inter = link_rates("cuda", own.get("link_gbps"))
     assert intra is not None and inter is not None
@@ -162,10 +170,34 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
     else:
         graphed = cfg.pipeline.name == "graphed" and pi.world_size == 1
         if cfg.perf.name != "fast":
-            raise ValueError(f"measured figures are for perf=fast (this config: perf={cfg.perf.name}); give --step-ms")
-        compute = est.step_ms(cfg.optimizer.sparse_type, graphed, batch)
+            raise ConfigError(
+                f"{ESTIMATE_FLAG}: measured figures are for perf=fast (this config: perf={cfg.perf.name}); give "
+                "--step-ms"
+            )
+        try:
+            compute = est.step_ms(cfg.optimizer.sparse_type, graphed, batch)
+        except ValueError as e:  # no measured figure for this optimizer or batch
+            raise ConfigError(f"{ESTIMATE_FLAG}: {e}") from None
         source = f"perf=fast{' pipeline=graphed' if graphed else ''} on one H200, measured"
     return est.format_estimate(est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms), source)
+
+
+def _check_out(out: str) -> None:
+    """Refuse an ``out=`` that cannot be written, before the planner runs.
+
+    Raises:
+        ConfigError: ``out`` is empty or a directory, or its directory does not exist or is not writable.
+    """
+    where = os.path.dirname(out) or "."
+    if not out or os.path.isdir(out):
+        why = "a directory" if out else "empty"
+    elif not os.path.isdir(where):
+        why = f"no such directory {where!r}"
+    elif not os.access(where, os.W_OK):
+        why = f"directory {where!r} is not writable"
+    else:
+        return
+    raise ConfigError(f"config key `out`: {out!r}: {why}; give the plan.json file to write, e.g. out=plan.json")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -181,12 +213,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         own, overrides = _split_args(args)
+        if "out" in own:
+            _check_out(own["out"])
         pi, cfg, model, batch = _plan_job(
             overrides,
             own.get("world_size", 1),
             own.get("local_world_size"),
         )
-    except (ConfigError, PlanError, ValueError, HydraException, OmegaConfBaseException) as e:
+    except (InputError, HydraException, OmegaConfBaseException) as e:
+        # ConfigError and PlanError are InputErrors; any other exception is a defect and keeps its traceback
         print(f"error: {error_line(e)}", file=sys.stderr)  # Hydra's: a misspelt key, a value of the wrong type
         return 2
     print(format_plan(pi))
@@ -197,8 +232,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if own.get("estimate"):
         try:
             print(_estimate(cfg, pi, traffic, batch, own))
-        except ValueError as e:
-            print(f"error: {ESTIMATE_FLAG}: {e}", file=sys.stderr)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
     if "out" in own:
         save_plan(pi, own["out"])

@@ -2,7 +2,7 @@
 
     torchx run -s local_cwd launch/components.py:trainer -j 1x2 -- trainer.max_steps=100
     torchx run -s local_docker --workspace "" launch/components.py:trainer --image dlrm-v2:0.1.0 -j 1x8 --gpu 8 \\
-        --data /mnt/criteo --outputs /mnt/runs -- experiment=mlperf_dlrmv2 data.train_path=/data/day_0.tsv
+        --data /mnt/criteo --outputs /mnt/runs -- experiment=mlperf_dlrmv2 data.dataset_dir=/data/criteo_bin
     torchx run -s kubernetes --workspace "" launch/components.py:trainer --image REGISTRY/dlrm-v2:0.1.0 \\
         -j 2x8 --gpu 8 --data pvc:criteo --outputs pvc:dlrm-runs --max_retries 2 -- experiment=mlperf_dlrmv2 ...
     torchx run -s kubernetes --dryrun --workspace "" launch/components.py:trainer ...   # print the request only
@@ -79,7 +79,8 @@ def trainer(
         cpu: CPUs per node.
         memMB: host memory per node, MB.
         h: a torchx named resource (e.g. ``aws_p5.48xlarge``); overrides cpu, gpu and memMB.
-        env: extra environment variables, merged over the defaults (``NCCL_NVLS_ENABLE=0``, ``NCCL_DEBUG``).
+        env: extra environment variables, merged over the defaults (``NCCL_NVLS_ENABLE=0``, ``PYTHONUNBUFFERED=1``,
+            ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, and ``NCCL_DEBUG`` from ``nccl_debug``).
         nccl_debug: ``NCCL_DEBUG`` level (``WARN``, ``INFO`` to debug hangs and timeouts, ``""`` to leave unset).
         max_retries: times the scheduler restarts the whole job after a failure; retries write into the same
             run directory (the app id does not change).

@@ -31,8 +31,8 @@ from dlrm.data.multihot import build_tables
 
 log = logging.getLogger(__name__)
 
-# Expansion tables above this size are refused with a fix (model.row_cap or data.multi_hot=false): the MLPerf
-# reference materialises ``rows x (size-1)`` ids per table, 31.7 GB for the 40 M-row table of size 100.
+# Expansion tables above this size are refused with a fix (model.row_cap or data.multi_hot=false): they are int32
+# ``[rows, size]`` per table of size > 1: 16.0 GB (14.9 GiB) for the 40 M-row table of size 100.
 MULTI_HOT_MAX_BYTES = 16 * 2**30
 # Synthetic ids are drawn from at most this many rows per table, so the teacher stays small for huge tables.
 SYNTHETIC_MAX_VOCAB = 100_000
@@ -104,7 +104,7 @@ class MultiHot:
     """
 
     def __init__(self, table_rows: Sequence[int], sizes: Sequence[int], seed: int = 0) -> None:
-        need = sum(r * (m - 1) * 8 for r, m in zip(table_rows, sizes))
+        need = sum(r * m * 4 for r, m in zip(table_rows, sizes) if m > 1)
         if need > MULTI_HOT_MAX_BYTES:
             raise ConfigError(
                 f"data.multi_hot: the MLPerf expansion tables would take {need / 2**30:.1f} GiB of memory "
@@ -147,9 +147,10 @@ def _lengths(sizes: Tuple[int, ...], b: int, device: torch.device) -> torch.Tens
 
 
 def to_batch(split: Split, idx: torch.Tensor, feature_names: Sequence[str], multi_hot: Optional[MultiHot]) -> Batch:
-    """Build one ``Batch`` (dense ``[B, 13]`` float32, KJT over 26 keys, labels ``[B]`` float32) from rows
-    ``idx`` of ``split``, on the split's device. Every bag of a feature has the same size (1, or its multi-hot
-    size), so the KJT's per-key lengths are known on the host: it is built without a device sync."""
+    """Build one ``Batch`` from rows ``idx`` of ``split``, on the split's device: dense float32 ``[B, 13]``, labels
+    float32 ``[B]``, and a KJT over 26 keys with int64 values (``Split.ids``, feature-major, ``B * m_t`` ids per
+    key) and int32 lengths ``[26 * B]``. Every bag of a feature has the same size (1, or its multi-hot size), so
+    the KJT's per-key lengths are known on the host: it is built without a device sync."""
     idx = idx.to(split.device)
     ids = split.ids[idx]
     b = int(idx.shape[0])
@@ -344,6 +345,12 @@ def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, 
     ``data.test_path`` are read whole.
 
     Every path is checked (an existing file, not a directory) before the first one is parsed.
+
+    Raises:
+        FileNotFoundError: a ``data.*_path`` does not exist (the message names the key).
+        InputError: a ``data.*_path`` is a directory.
+        TsvFormatError: a malformed file (names the file and line).
+        ConfigError: without ``data.val_path``, too few rows to hold out ``data.val_fraction`` of them.
     """
     assert cfg.train_path
     for key in ("train_path", "val_path", "test_path"):
@@ -433,7 +440,14 @@ def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int) -> Tup
 
 def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split, Split, Optional[Split]]:
     """Load ``(train, val, test or None)`` for ``data.name``. Row ids are already within each table's
-    ``model.table_rows``."""
+    ``model.table_rows``.
+
+    Raises:
+        FileNotFoundError / InputError / TsvFormatError / ConfigError: ``criteo_tsv`` (:func:`load_criteo_tsv`).
+        BinaryFormatError: ``criteo_binary``: the dataset is missing, damaged or built for other table sizes, or
+            ``data.multi_hot_source=materialized`` on one without materialized multi-hot
+            (``binary.load_splits``, ``binary.reads_materialized``).
+    """
     rows = model.table_rows
     assert len(rows) == NUM_SPARSE_FEATURES
     if data.name == "synthetic":
@@ -462,13 +476,9 @@ def _binary_materialized(data: DataConfig, model: ModelConfig) -> bool:
     from dlrm.data import binary
 
     meta = binary.read_meta(data.dataset_dir)
-    mat = meta.get("multi_hot") or {}
-    have = (
-        bool(mat.get("materialized"))
-        and mat.get("sizes") == list(model.multi_hot_sizes)
-        and mat.get("seed") == data.multi_hot_seed
+    return binary.reads_materialized(
+        data.dataset_dir, meta, data.multi_hot_source, model.multi_hot_sizes, data.multi_hot_seed
     )
-    return have or data.multi_hot_source == "materialized"
 
 
 def assemble_on(data: DataConfig, device: torch.device) -> torch.device:
@@ -490,7 +500,13 @@ def expand_on(data: DataConfig, device: torch.device) -> Optional[torch.device]:
 def make_multi_hot(data: DataConfig, model: ModelConfig) -> Optional[object]:
     """The multi-hot expander for ``data`` (None when ``data.multi_hot`` is false): :class:`MultiHot` for
     in-memory splits; for ``criteo_binary`` a ``binary.BinaryMultiHot`` (materialized files or on-the-fly
-    tables, ``data.multi_hot_source``), which never builds MLPerf-size tables in memory."""
+    tables, ``data.multi_hot_source``), which never builds MLPerf-size tables in memory.
+
+    Raises:
+        ConfigError: in-memory expansion tables over ``MULTI_HOT_MAX_BYTES`` (:class:`MultiHot`).
+        BinaryFormatError: ``criteo_binary``: no usable ``meta.json``, ``materialized`` asked for but absent,
+            damaged on-disk expansion tables, or tables over 16 GiB that are not on disk (``binary.make_multi_hot``).
+    """
     if not data.multi_hot:
         return None
     if data.name == "criteo_binary":

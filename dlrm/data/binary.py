@@ -166,8 +166,9 @@ def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]
     (``--out``).
 
     Raises:
-        BinaryFormatError: ``root`` is not a directory, has no ``meta.json``, or one that is not JSON or not of this
-            format and version.
+        BinaryFormatError: ``root`` is not a directory, has no ``meta.json``, or one that is not JSON, not of this
+            format and version, or lacks a key the loader reads (``days``: a non-empty list of ``{day, rows,
+            files}``; ``table_rows``: 26 positive ints; ``multi_hot``: null or ``{sizes, seed, materialized}``).
     """
     path = os.path.join(root, META)
     flag = config_key.startswith("-")
@@ -200,16 +201,62 @@ def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]
             f"{path}: format {meta.get('format')!r} v{meta.get('version')}, expected {FORMAT!r} "
             f"v{VERSION}; rebuild with data/preprocess_criteo.py"
         )
+    bad = _malformed_key(meta)
+    if bad is not None:
+        raise BinaryFormatError(
+            f"{path}: key `{bad}` is missing or malformed; re-run data/preprocess_criteo.py --out {root} with the "
+            "arguments that built it (finished days are kept, meta.json is written again)"
+        )
     return meta
 
 
-def split_ranges(meta: Dict[str, Any]) -> Dict[str, List[Tuple[int, int, int]]]:
+def _is_count(x: Any, least: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= least
+
+
+def _malformed_key(meta: Dict[str, Any]) -> Optional[str]:
+    """The first key of a ``meta.json`` that the loader reads and that is missing or of the wrong type, or None."""
+    days = meta.get("days")
+    if not isinstance(days, list) or not days:
+        return "days"
+    for i, d in enumerate(days):
+        if not (isinstance(d, dict) and _is_count(d.get("day"), 0) and _is_count(d.get("rows"), 0)):
+            return f"days[{i}]"
+        files = d.get("files")
+        if not isinstance(files, dict) or any(
+            f"day_{d['day']}_{kind}.npy" not in files for kind in ("dense", "sparse", "labels")
+        ):
+            return f"days[{i}].files"
+    rows = meta.get("table_rows")
+    if not (isinstance(rows, list) and len(rows) == NUM_SPARSE and all(_is_count(r, 1) for r in rows)):
+        return "table_rows"
+    if "multi_hot" not in meta:
+        return "multi_hot"
+    mh = meta["multi_hot"]
+    if mh is not None and not (
+        isinstance(mh, dict)
+        and isinstance(mh.get("sizes"), list)
+        and len(mh["sizes"]) == NUM_SPARSE
+        and all(_is_count(m, 1) for m in mh["sizes"])
+        and _is_count(mh.get("seed"), 0)
+        and isinstance(mh.get("materialized"), bool)
+    ):
+        return "multi_hot"
+    return None
+
+
+def split_ranges(meta: Dict[str, Any], root: str = ".") -> Dict[str, List[Tuple[int, int, int]]]:
     """``{train, val, test}`` -> list of ``(day, first_row, stop_row)``: the last day evaluates (its first
-    ``ceil(N/2)`` rows validate, the rest test), every other day trains (MLPerf: days 0-22 / 23)."""
+    ``ceil(N/2)`` rows validate, the rest test), every other day trains (MLPerf: days 0-22 / 23).
+
+    Raises:
+        BinaryFormatError: ``meta`` (the ``meta.json`` of ``root``) lists fewer than two days.
+    """
     days = meta["days"]
     if len(days) < 2:
         raise BinaryFormatError(
-            f"{META} lists {len(days)} day(s); the splits need training days and one evaluation day (the last)"
+            f"{os.path.join(root, META)} lists {len(days)} day(s); the splits need training days and one "
+            "evaluation day (the last): preprocess at least two days (e.g. --days 0-1)"
         )
     ev = days[-1]
     half = (ev["rows"] + 1) // 2
@@ -359,12 +406,15 @@ class BinaryMultiHot:
         return sum(t.numel() * t.element_size() for t in self.device_tables if t is not None)
 
 
-def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int) -> BinaryMultiHot:
-    """Pick materialized or on-the-fly multi-hot for ``data.multi_hot_source`` (auto: materialized if on disk).
+def reads_materialized(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int) -> bool:
+    """Whether ``data.multi_hot_source`` = ``source`` reads the dataset's ``day_*_sparse_multi_hot.npy``:
+    ``materialized`` always, ``auto`` when ``meta`` records them for ``sizes`` and ``seed``, ``on_the_fly`` never.
 
     Raises:
         BinaryFormatError: ``materialized`` asked for but the dataset has none, or built with other sizes/seed.
     """
+    if source == "on_the_fly":
+        return False
     mat = meta.get("multi_hot") or {}
     have = bool(mat.get("materialized")) and mat.get("sizes") == list(sizes) and mat.get("seed") == seed
     if source == "materialized" and not have:
@@ -373,8 +423,18 @@ def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence
             f"{list(sizes)} seed {seed} ({META}: {mat or 'none'}); run `python data/preprocess_criteo.py multihot "
             f"--out {root} --mode materialize` or set data.multi_hot_source=on_the_fly"
         )
+    return have
+
+
+def make_multi_hot(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int) -> BinaryMultiHot:
+    """Pick materialized or on-the-fly multi-hot for ``data.multi_hot_source`` (:func:`reads_materialized`).
+
+    Raises:
+        BinaryFormatError: ``materialized`` asked for but the dataset has none, or built with other sizes/seed;
+            on-the-fly expansion tables that are damaged on disk, or over 16 GiB and not on disk.
+    """
     rows = meta["table_rows"]
-    if source == "materialized" or (source == "auto" and have):
+    if reads_materialized(root, meta, source, sizes, seed):
         return BinaryMultiHot("materialized", sizes, rows, seed)
     tables = mh_mod.load_tables(os.path.join(root, mh_mod.TABLES_DIR), rows, sizes, seed)
     if tables is None:
@@ -436,7 +496,7 @@ class BatchReader:
         BinaryFormatError: materialized multi-hot on a split opened without its multi-hot files.
     """
 
-    # ids copied and range-checked per piece: 1 MB, well inside a core's L2 (2 MB on the development VM).
+    # ids copied and range-checked per piece: 1 MB, which stays in a core's L2 cache (1-2 MB on x86 server cores).
     CHECK_CHUNK = 1 << 18
 
     def __init__(
@@ -774,17 +834,24 @@ def load_splits(
     validation and test splits are never capped.
 
     Raises:
-        BinaryFormatError: no ``meta.json``; the dataset's table sizes differ from ``model`` table rows (the ids
-            were hashed into other sizes); a day file is missing, truncated or disagrees on its row count.
+        BinaryFormatError: no usable ``meta.json`` (:func:`read_meta`); fewer than two days; the dataset's table
+            sizes differ from ``model`` table rows (the ids were hashed into other sizes); ``multi_hot_files`` on a
+            dataset without materialized multi-hot; a day file is missing, truncated or disagrees on its row count.
     """
     meta = read_meta(root)
+    if multi_hot_files and not (meta["multi_hot"] or {}).get("materialized"):
+        raise BinaryFormatError(
+            f"config key `data.multi_hot_source`: {root} has no materialized multi-hot ({META}: "
+            f"{meta['multi_hot'] or 'none'}); run `python data/preprocess_criteo.py multihot --out {root} --mode "
+            "materialize` or set data.multi_hot_source=on_the_fly"
+        )
     if [int(r) for r in meta["table_rows"]] != [int(r) for r in table_rows]:
         raise BinaryFormatError(
             f"config key `model.num_embeddings_per_feature` / `model.row_cap`: the model's table rows "
             f"{list(table_rows)} differ from those {root} was hashed into ({meta['table_rows']}); set the model's "
             "rows to the dataset's or rebuild the dataset with data/preprocess_criteo.py --table-rows"
         )
-    r = split_ranges(meta)
+    r = split_ranges(meta, root)
     out = (
         BinarySplit(root, meta, "train", r["train"], max_rows, multi_hot_files),
         BinarySplit(root, meta, "val", r["val"], None, multi_hot_files),

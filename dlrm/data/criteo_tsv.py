@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from typing import IO, List, Optional, Sequence, Tuple
@@ -34,6 +35,10 @@ NUM_INT = 13
 NUM_CAT = 26
 NUM_FIELDS = 1 + NUM_INT + NUM_CAT
 GZIP_MAGIC = b"\x1f\x8b"
+# Criteo syntax, checked before int(): Python's int() also takes spaces, '+', '_' separators, '0x' and non-ASCII
+# digits, which no Criteo file holds. Leading zeros are fine: a hex value of any length must still fit 32 bits.
+_INT_FIELD = re.compile(r"-?[0-9]+", re.ASCII)
+_HEX_FIELD = re.compile(r"[0-9a-fA-F]+", re.ASCII)
 
 
 class TsvFormatError(InputError):
@@ -202,23 +207,19 @@ def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[
         if v == "":
             row_i.append(0)
             continue
-        try:
-            row_i.append(int(v))
-        except ValueError:
+        if not _INT_FIELD.fullmatch(v):
             raise TsvFormatError(
                 f"{path}:{lineno}: integer feature I{j + 1} is {v!r}, not an integer "
-                "(leave the field empty for a missing value)"
-            ) from None
+                "(decimal digits with an optional '-'; leave the field empty for a missing value)"
+            )
+        row_i.append(int(v))
     row_c = []
     for j in range(NUM_CAT):
         v = fields[1 + NUM_INT + j]
         if v == "":
             row_c.append(0)
             continue
-        try:
-            c = int(v, 16)
-        except ValueError:
-            c = -1
+        c = int(v, 16) if _HEX_FIELD.fullmatch(v) else -1
         if not 0 <= c < 2**32:
             raise TsvFormatError(
                 f"{path}:{lineno}: categorical feature C{j + 1} is {v!r}, not a 32-bit "

@@ -123,26 +123,44 @@ def tables_spec(table_rows: Sequence[int], sizes: Sequence[int], seed: int) -> D
 def load_tables(
     out_dir: str, table_rows: Sequence[int], sizes: Sequence[int], seed: int
 ) -> Optional[List[Optional[np.ndarray]]]:
-    """Memory-map tables written by :func:`build_tables`; None when absent or built for other rows/sizes/seed."""
+    """Memory-map tables written by :func:`build_tables` (int32 ``[rows_t, m_t]``, None where ``m_t == 1``); None
+    when absent or built for other rows/sizes/seed.
+
+    Raises:
+        dlrm.data.binary.BinaryFormatError: ``tables.json`` is not JSON or lacks a field, or a ``table_XX.npy`` is
+            missing, truncated or of another shape or dtype; the message names the file and says to rebuild
+            ``out_dir``.
+    """
+    from dlrm.data.binary import BinaryFormatError  # binary imports this module
+
+    fix = (
+        f"delete {out_dir} and rebuild it with `python data/preprocess_criteo.py multihot --out "
+        f"{os.path.dirname(os.path.normpath(out_dir)) or '.'} --mode tables`"
+    )
     meta_path = os.path.join(out_dir, "tables.json")
     if not os.path.isfile(meta_path):
         return None
-    with open(meta_path, encoding="utf-8") as f:
-        meta = json.load(f)
     want = tables_spec(table_rows, sizes, seed)
-    if any(meta[k] != want[k] for k in ("table_rows", "sizes", "seed")):
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        other = any(meta[k] != want[k] for k in ("table_rows", "sizes", "seed"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BinaryFormatError(f"{meta_path}: unreadable or incomplete ({type(e).__name__}: {e}); {fix}") from None
+    if other:
         return None
     out: List[Optional[np.ndarray]] = []
     for t, (rows, m) in enumerate(zip(table_rows, sizes)):
         if m == 1:
             out.append(None)
             continue
-        tab = np.load(table_path(out_dir, t), mmap_mode="r")
+        path = table_path(out_dir, t)
+        try:
+            tab = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as e:  # missing (FileNotFoundError), or shorter than its header says
+            raise BinaryFormatError(f"{path}: missing, unreadable or truncated ({e}); {fix}") from None
         if tab.shape != (rows, m) or tab.dtype != np.int32:
-            raise ValueError(
-                f"{table_path(out_dir, t)}: shape {tab.shape} {tab.dtype}, expected ({rows}, {m}) int32; "
-                f"delete {out_dir} and rebuild it with `python data/preprocess_criteo.py multihot`"
-            )
+            raise BinaryFormatError(f"{path}: shape {tab.shape} {tab.dtype}, expected ({rows}, {m}) int32; {fix}")
         out.append(tab)
     return out
 

@@ -613,21 +613,50 @@ def preprocess(
         ],
         "multi_hot": None,
     }
-    old = os.path.join(out, B.META)
-    if os.path.isfile(old):  # keep a multi-hot built earlier for the same days and rows
-        with open(old, encoding="utf-8") as f:
-            prev = json.load(f)
-        if prev.get("multi_hot") and [d["rows"] for d in prev["days"]] == [d["rows"] for d in meta["days"]]:
-            meta["multi_hot"] = prev["multi_hot"]
-            for d, pd in zip(meta["days"], prev["days"]):
-                d["files"].update({k: v for k, v in pd["files"].items() if "multi_hot" in k})
+    _carry_multi_hot(out, meta)
     B.write_meta(out, meta)
     return meta
 
 
+def _carry_multi_hot(out: str, meta: Dict[str, Any]) -> None:
+    """Keep the multi-hot record of the ``meta.json`` that ``meta`` replaces only if it was built for the same
+    days, table sizes and 1-hot files (sha256 of every ``day_{d}_sparse.npy``): bags expanded from other ids would
+    train on the wrong rows without an error. Otherwise the record is dropped and the materialized days whose 1-hot
+    file or table sizes changed are deleted; unchanged days keep theirs, which ``multihot`` then reuses."""
+    try:
+        with open(os.path.join(out, B.META), encoding="utf-8") as f:
+            prev = json.load(f)
+        prev_mh = prev.get("multi_hot")
+        prev_days = {pd["day"]: pd["files"] for pd in prev["days"]}
+        same_rows = prev.get("table_rows") == meta["table_rows"]
+        sha = {d["day"]: d["files"][f"day_{d['day']}_sparse.npy"] for d in meta["days"]}
+        stale = [
+            day for day, s in sha.items() if not same_rows or prev_days.get(day, {}).get(f"day_{day}_sparse.npy") != s
+        ]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # none, or unreadable: no record to carry (day_*.multihot.json markers guard leftover files)
+    if not prev_mh:
+        return
+    if not stale and list(prev_days) == list(sha):
+        meta["multi_hot"] = prev_mh
+        for d in meta["days"]:
+            d["files"].update({k: v for k, v in prev_days[d["day"]].items() if "multi_hot" in k})
+        return
+    for day in stale:
+        for path in (B.day_file(out, day, "sparse_multi_hot"), _marker(out, day, "multihot")):
+            if os.path.isfile(path):
+                os.remove(path)
+
+
 def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, workers: int) -> Dict[str, Any]:
     """Build the expansion tables under ``multi_hot_tables/`` and (``materialize``) every day's
-    ``day_{d}_sparse_multi_hot.npy``; record them in ``meta.json``."""
+    ``day_{d}_sparse_multi_hot.npy``; record them in ``meta.json``.
+
+    Raises:
+        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary.read_meta`), a day's
+            1-hot file is missing or truncated, an id is outside its table, or the expansion tables on disk are
+            damaged (:func:`dlrm.data.multihot.load_tables`).
+    """
     meta = B.read_meta(out, "--out")
     rows = meta["table_rows"]
     tdir = os.path.join(out, mh_mod.TABLES_DIR)
@@ -641,7 +670,12 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
                 day=d["day"],
                 rows=d["rows"],
                 table_rows=rows,
-                expect=dict(sizes=list(sizes), seed=seed, sparse_sha=d["files"][f"day_{d['day']}_sparse.npy"]),
+                expect=dict(
+                    sizes=list(sizes),
+                    seed=seed,
+                    table_rows=[int(r) for r in rows],
+                    sparse_sha=d["files"][f"day_{d['day']}_sparse.npy"],
+                ),
             )
             for d in meta["days"]
         ]
@@ -662,7 +696,11 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
 
 
 def verify(out: str) -> List[str]:
-    """Recompute every sha256 in ``meta.json``; returns the mismatching or missing files (empty: all good)."""
+    """Recompute every sha256 in ``meta.json``; returns the mismatching or missing files (empty: all good).
+
+    Raises:
+        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary.read_meta`).
+    """
     meta = B.read_meta(out, "--out")
     bad = []
     for d in meta["days"]:
