@@ -37,7 +37,6 @@ from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
 from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 from torchrec.distributed.types import ShardedModule
-from torchrec.modules.crossnet import LowRankCrossNet
 
 from dlrm.config import UnsupportedVersionError
 
@@ -59,7 +58,6 @@ PRIVATE_NAMES: Dict[str, str] = {
     "PooledEmbeddingsAllToAll._dim_sum_per_rank": "embedding dim sum per rank (the all-to-all's splits)",
     "PooledEmbeddingsAllToAll._codecs": "quantized-communication codecs (None: plain all-to-all)",
     "PooledEmbeddingsAllToAll._callbacks": "callbacks applied to the received pooled embeddings",
-    "LowRankCrossNet._num_layers": "number of DCNv2 cross layers (its parameters are lists per layer)",
     "torch.fx._symbolic_trace.is_fx_symbolic_tracing": "true inside torch.fx symbolic tracing (TorchRec's pipeline)",
     "torch.fx._symbolic_trace.log": "the fx tracer's logger (its is_fx_tracing notice repeats on every start)",
     "torch.distributed._state_dict_utils._create_cpu_state_dict": "pinned host copies of a (sharded) state dict",
@@ -237,15 +235,6 @@ class PooledAllToAllFields:
 
 
 # -------------------------------------------------------------------------------------------------- modules
-def cross_net_num_layers(net: LowRankCrossNet) -> int:
-    """The number of cross layers of TorchRec's ``LowRankCrossNet`` (its ``V_kernels`` / ``W_kernels`` / ``bias``
-    are lists of that length)."""
-    n = getattr(net, "_num_layers", None)
-    if not isinstance(n, int):
-        raise _missing("LowRankCrossNet._num_layers", "LowRankCrossNet")
-    return n
-
-
 def is_fx_tracing() -> bool:
     """True inside ``torch.fx`` symbolic tracing (TorchRec's pipelines trace the model once to find the sparse
     arch's inputs)."""
