@@ -113,7 +113,6 @@ LEVERS: Dict[str, List[str]] = {
     "fast_fused_sparse_dist": ["perf=fast", "pipeline=fused_sparse_dist"],
     "fast_semi_sync": ["perf=fast", "pipeline=semi_sync"],
     "fast_dedicated_input_dist": ["perf=fast", "pipeline.input_dist_group=dedicated"],
-    "fp32_dedicated_input_dist": ["perf=fp32", "pipeline.input_dist_group=dedicated"],
     "fast_allreduce_bf16": ["perf=fast", "perf.allreduce_dtype=bf16"] + NOT_HELD,
     "fast_bounds_check": ["perf=fast", "perf.tbe_bounds_check=warning"],
     "fast_split_at_buckets": ["perf=fast", "perf.compile_ddp_split=true"],

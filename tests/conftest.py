@@ -5,23 +5,27 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
+import queue
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, Iterator, List
 
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parent.parent
-# real Criteo rows (Criteo's, CC BY-NC-SA 4.0: never committed), from $DLRM_CRITEO_DIR (default: beside the checkout)
+# real Criteo rows (Criteo's, CC BY-NC-SA 4.0: never committed), from $DLRM_CRITEO_DIR; unset, their tests skip
 CRITEO_DIR_ENV = "DLRM_CRITEO_DIR"
-CRITEO_DIR = Path(os.environ.get(CRITEO_DIR_ENV) or REPO.parent / "shared" / "data" / "criteo")
-KAGGLE_SAMPLE = CRITEO_DIR / "kaggle_train_head10k.tsv"
-TB_SAMPLE = CRITEO_DIR / "terabyte_day0_head1000.tsv"
+CRITEO_DIR = os.environ.get(CRITEO_DIR_ENV)
+KAGGLE_SAMPLE = Path(CRITEO_DIR or "") / "kaggle_train_head10k.tsv"
+TB_SAMPLE = Path(CRITEO_DIR or "") / "terabyte_day0_head1000.tsv"
 # a short synthetic run of the small model on one GPU, no evaluation or checkpoint resume (``Trainer`` tests)
 CUDA_SMALL_RUN = [
     "device=cuda",
@@ -34,15 +38,17 @@ CUDA_SMALL_RUN = [
 
 
 def _missing_sample(path: Path, what: str) -> str:
-    return f"needs {path.name} ({what}) in {path.parent}; set {CRITEO_DIR_ENV} to the folder that holds it"
+    where = f" in {path.parent}" if CRITEO_DIR else ""
+    return f"needs {path.name} ({what}){where}; set {CRITEO_DIR_ENV} to the folder that holds it"
 
 
 needs_kaggle = pytest.mark.skipif(
-    not KAGGLE_SAMPLE.is_file(),
+    not (CRITEO_DIR and KAGGLE_SAMPLE.is_file()),
     reason=_missing_sample(KAGGLE_SAMPLE, "the first 10,000 lines of Criteo Kaggle train.txt"),
 )
 needs_tb = pytest.mark.skipif(
-    not TB_SAMPLE.is_file(), reason=_missing_sample(TB_SAMPLE, "the first 1,000 lines of Criteo 1TB day_0")
+    not (CRITEO_DIR and TB_SAMPLE.is_file()),
+    reason=_missing_sample(TB_SAMPLE, "the first 1,000 lines of Criteo 1TB day_0"),
 )
 
 
@@ -58,23 +64,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
             item.add_marker(skip)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, q: Any) -> None:
+def _worker(rank: int, world: int, init: str, fn: Callable, args: tuple, q: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world),
     )
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         # plain pickle copies tensor data; multiprocessing's own pickler would share it through memory that
         # vanishes when this process exits before the parent reads the queue
         q.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
@@ -89,8 +88,10 @@ def run_gloo(world: int, fn: Callable, *args: Any, timeout: float = 300) -> List
     """Run ``fn(rank, world, *args)`` in ``world`` gloo processes; return the results ordered by rank."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, q)) for r in range(world)]
+    # a file store: a free port picked here could be taken by another process before the workers bind it
+    store_dir = tempfile.mkdtemp(prefix="gloo_")
+    init = "file://" + os.path.join(store_dir, "store")
+    procs = [ctx.Process(target=_worker, args=(r, world, init, fn, args, q)) for r in range(world)]
     for p in procs:
         p.start()
     out: dict = {}
@@ -105,7 +106,47 @@ def run_gloo(world: int, fn: Callable, *args: Any, timeout: float = 300) -> List
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+        shutil.rmtree(store_dir, ignore_errors=True)
     return [out[r] for r in range(world)]
+
+
+def dense_param_count(m: Any) -> int:
+    """The dense parameters of ``ModelConfig`` ``m``, counted by hand: each MLP layer's weight [out, in] and bias
+    [out]; per DCN layer V [F, r], W [r, F] and bias [F], with F = (tables + 1) x embedding_dim."""
+
+    def mlp(n_in: int, sizes: List[int]) -> int:
+        return sum(a * b + b for a, b in zip([n_in, *sizes[:-1]], sizes))
+
+    f = (len(m.table_rows) + 1) * m.embedding_dim
+    return (
+        mlp(13, list(m.dense_arch_layer_sizes))
+        + m.dcn_num_layers * (2 * f * m.dcn_low_rank_dim + f)
+        + mlp(f, list(m.over_arch_layer_sizes))
+    )
+
+
+def output_lines(proc: subprocess.Popen, timeout: float) -> Iterator[str]:
+    """Yield the lines of ``proc``'s text stdout until it ends; kill ``proc`` and fail the test if it has not ended
+    within ``timeout`` seconds (a plain read of the pipe would block the suite on a process that never stops)."""
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            pytest.fail(f"{proc.args!r}: output still open after {timeout:.0f} s; killed")
+        if line is None:
+            return
+        yield line
 
 
 def python() -> str:

@@ -333,6 +333,104 @@ def test_materialized_without_multi_hot_files_is_an_error(ds: Path) -> None:
         B.BatchReader(train, FEATURE_NAMES, mh)
 
 
+def test_materialized_source_on_a_dataset_without_it_names_the_key(ds: Path, tmp_path: Path) -> None:
+    """``data.multi_hot_source=materialized`` is refused when the splits are opened, before any day file is read."""
+    import json
+
+    d = _copy_ds(ds, tmp_path / "d")
+    meta = json.loads((d / "meta.json").read_text())
+    meta["multi_hot"] = None
+    (d / "meta.json").write_text(json.dumps(meta))
+    data = DataConfig(name="criteo_binary", dataset_dir=str(d), multi_hot_source="materialized")
+    with pytest.raises(B.BinaryFormatError) as e:
+        D.load_splits(data, ModelConfig(num_embeddings_per_feature=ROWS, row_cap=None), 0)
+    assert str(e.value) == (
+        f"config key `data.multi_hot_source`: {d} has no materialized multi-hot for sizes {SIZES} seed 0 (meta.json: "
+        f"none); run `python data/preprocess_criteo.py multihot --out {d} --mode materialize` or set "
+        "data.multi_hot_source=on_the_fly"
+    )
+
+
+def _drop(key: str, *path):
+    def edit(meta: dict) -> None:
+        for k in path:
+            meta = meta[k]
+        del meta[key]
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit,key",
+    [
+        (_drop("days"), "days"),
+        (_drop("rows", "days", 1), "days[1]"),
+        (_drop("day_0_sparse.npy", "days", 0, "files"), "days[0].files"),
+        (lambda m: m.update(table_rows=m["table_rows"][:25]), "table_rows"),
+        (lambda m: m.update(table_rows=[0] + m["table_rows"][1:]), "table_rows"),
+        (_drop("multi_hot"), "multi_hot"),
+        (_drop("seed", "multi_hot"), "multi_hot"),
+    ],
+)
+def test_meta_json_with_a_key_missing_or_malformed_names_it(ds: Path, tmp_path: Path, edit, key: str) -> None:
+    import json
+
+    meta = json.loads((ds / "meta.json").read_text())
+    edit(meta)
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(B.BinaryFormatError) as e:
+        B.read_meta(str(tmp_path))
+    assert str(e.value) == (
+        f"{tmp_path / 'meta.json'}: key `{key}` is missing or malformed; re-run data/preprocess_criteo.py --out "
+        f"{tmp_path} with the arguments that built it (finished days are kept, meta.json is written again)"
+    )
+
+
+def test_a_dataset_of_one_day_names_meta_json_and_the_fix(ds: Path, tmp_path: Path) -> None:
+    import json
+
+    meta = json.loads((ds / "meta.json").read_text())
+    meta["days"] = meta["days"][:1]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(B.BinaryFormatError) as e:
+        B.load_splits(str(tmp_path), ROWS, None, multi_hot_files=False)
+    assert str(e.value) == (
+        f"{tmp_path / 'meta.json'} lists 1 day(s); the splits need training days and one evaluation day (the last): "
+        "preprocess at least two days (e.g. --days 0-1)"
+    )
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "shape", "tables.json"])
+def test_damaged_expansion_tables_name_the_file_and_the_fix(ds: Path, tmp_path: Path, damage: str) -> None:
+    import json
+    import re
+    import shutil
+
+    d = _copy_ds(ds, tmp_path / "d")
+    tables = d / MH.TABLES_DIR
+    shutil.copytree(ds / MH.TABLES_DIR, tables)
+    t4 = tables / "table_04.npy"
+    if damage == "truncated":
+        t4.write_bytes(t4.read_bytes()[:-100])
+        what = r"missing, unreadable or truncated \(mmap length is greater than file size\)"
+    elif damage == "missing":
+        t4.unlink()
+        what = rf"missing, unreadable or truncated \(\[Errno 2\] No such file or directory: '{re.escape(str(t4))}'\)"
+    elif damage == "shape":
+        np.save(t4, np.zeros((ROWS[4], 5), np.int32))
+        what = rf"shape \({ROWS[4]}, 5\) int32, expected \({ROWS[4]}, 6\) int32"
+    else:
+        spec = json.loads((tables / "tables.json").read_text())
+        del spec["seed"]
+        (tables / "tables.json").write_text(json.dumps(spec))
+        t4 = tables / "tables.json"
+        what = r"unreadable or incomplete \(KeyError: 'seed'\)"
+    fix = f"; delete {tables} and rebuild it with `python data/preprocess_criteo.py multihot --out {d} --mode tables`"
+    with pytest.raises(B.BinaryFormatError) as e:
+        B.make_multi_hot(str(d), B.read_meta(str(d)), "on_the_fly", SIZES, 0)
+    assert re.fullmatch(re.escape(f"{t4}: ") + what + re.escape(fix), str(e.value)), str(e.value)
+
+
 def test_prefetcher_forwards_errors_and_stops() -> None:
     def gen():
         yield 1
@@ -424,7 +522,7 @@ def test_trainer_on_binary_equals_trainer_on_tsv(tmp_path: Path) -> None:
 
 
 def test_binary_format_error_is_an_input_error() -> None:
-    """The command line prints an InputError as one `error:` line and exits 2 (dlrm/cli.py)."""
+    """A subclass of InputError, which dlrm/cli.py prints as one ``error:`` line with exit 2."""
     assert issubclass(B.BinaryFormatError, InputError)
 
 

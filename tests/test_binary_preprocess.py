@@ -180,6 +180,42 @@ def test_parallel_equals_serial_and_resume_redoes_only_unfinished_days(tmp_path:
     assert P.verify(str(out)) == [str(p)]
 
 
+def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_path: Path, days3: List[Path]) -> None:
+    """A re-run with the same table sizes keeps the materialized multi-hot as it is; one into other sizes (the same
+    rows per day, other ids) drops its record and deletes its days, and materializing again gives the bags of the
+    new ids from the expansion tables of the new sizes."""
+    from dlrm.data import binary as B
+    from dlrm.data import multihot as MH
+
+    out, sizes = tmp_path / "out", [2, 3] * 13
+    convert(out, days3)
+    P.multihot(out=str(out), sizes=sizes, seed=0, materialize=True, workers=1)
+    built = {p.name: p.read_bytes() for p in out.glob("day_*_sparse_multi_hot.npy")}
+    assert len(built) == 3 and convert(out, days3)["multi_hot"]["materialized"] is True
+    assert {p.name: p.read_bytes() for p in out.glob("day_*_sparse_multi_hot.npy")} == built
+    assert P.verify(str(out)) == []
+    half = [max(1, r // 2) for r in ROWS]
+    meta = P.preprocess(
+        out=str(out),
+        layout="terabyte",
+        inputs=[str(p) for p in days3],
+        days=[0, 1, 2],
+        table_rows=half,
+        transform="log1p",
+        workers=1,
+        block_bytes=64 << 10,
+    )
+    assert meta["multi_hot"] is None and B.read_meta(str(out))["multi_hot"] is None
+    assert not list(out.glob("day_*_sparse_multi_hot.npy")) and not list(out.glob("day_*.multihot.json"))
+    assert P.verify(str(out)) == []
+    P.multihot(out=str(out), sizes=sizes, seed=0, materialize=True, workers=1)
+    tables = MH.build_tables(half, sizes, seed=0)
+    for d in range(3):
+        ids = np.load(out / f"day_{d}_sparse.npy")
+        want = np.concatenate([tables[t][ids[:, t]].reshape(-1) for t in range(26)])
+        np.testing.assert_array_equal(np.load(out / f"day_{d}_sparse_multi_hot.npy"), want)
+
+
 def test_kaggle_layout_cuts_seven_days(tmp_path: Path) -> None:
     src = tmp_path / "train.txt"
     gen_tsv(src, 1003, seed=7)
@@ -198,13 +234,13 @@ def test_kaggle_layout_cuts_seven_days(tmp_path: Path) -> None:
 
 
 def test_unusual_but_valid_lines_follow_criteo_tsv_rules(tmp_path: Path) -> None:
-    """Upper-case hex, '+5', 9-digit hex with a leading zero, CRLF endings and trailing blank lines take the
+    """Upper-case hex, '007', 9-digit hex with a leading zero, CRLF endings and trailing blank lines take the
     line-by-line path and give read_tsv's values."""
     src = tmp_path / "day_0"
     gen_tsv(src, 50, seed=3)
     lines = src.read_text().splitlines()
     f = lines[5].split("\t")
-    f[1], f[20], f[21] = "+5", "ABCDEF12", "0abcdef12"
+    f[1], f[20], f[21] = "007", "ABCDEF12", "0abcdef12"
     lines[5] = "\t".join(f)
     lines[7] += "\r"
     src.write_text("\n".join(lines) + "\n\n\n")
@@ -364,6 +400,27 @@ ZERO_ROWS = ",".join(["9"] * 25 + ["0"])
         (
             ["--layout", "kaggle", "--input", "train.txt", "--out", "{out}"],
             "--input 'train.txt': no such file (cwd {cwd}); pass Kaggle's train.txt (plain or gzip)",
+        ),
+        ([*TB, "--block-mb", "0"], "--block-mb 0: give a block size in MiB >= 1 (default 8)"),
+        ([*TB, "--block-mb", "-4"], "--block-mb -4: give a block size in MiB >= 1 (default 8)"),
+        ([*TB, "--row-cap", "0"], "--row-cap 0: give a positive number of rows, or leave it out"),
+        ([*TB, "--row-cap", "-5"], "--row-cap -5: give a positive number of rows, or leave it out"),
+        (
+            ["--layout", "kaggle", "--input", "t.txt", "--days", "0-6", "--out", "{out}"],
+            "--days 0-6: --layout kaggle cuts train.txt into 7 days itself; drop --days",
+        ),
+        (
+            ["--layout", "kaggle", "--input", "t.txt", "--input-dir", "{dir}", "--out", "{out}"],
+            "--input-dir {dir}: --layout kaggle reads one file, --input train.txt; drop --input-dir",
+        ),
+        (
+            [*TB, "--input", "t.txt"],
+            "--input t.txt: --layout terabyte reads the day files in --input-dir; drop --input",
+        ),
+        (
+            [*TB, "--dense-transform", "log1p", "--dense-min", "-3"],
+            "--dense-min -3: only the mlperf transform log(x - m + 2) has an m; drop --dense-min, or use "
+            "--dense-transform mlperf",
         ),
     ],
 )

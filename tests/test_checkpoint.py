@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_train_e2e import BIN, ENV, records, run
 
-from conftest import REPO, run_gloo
+from conftest import REPO, output_lines, run_gloo
 
 SMALL = [
     "data.batch_size=64",
@@ -85,12 +85,11 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
         text=True,
     )
     out: List[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
+    for line in output_lines(proc, timeout=300):
         out.append(line)
         if line.startswith("step     12/"):
             os.kill(proc.pid, signal.SIGTERM)
-    rc = proc.wait(timeout=300)
+    rc = proc.wait(timeout=60)
     text = "".join(out)
     assert rc == 0, text
     assert "resumed from" in text and "step_10 at step 10" in text, text
@@ -491,6 +490,241 @@ def test_damaged_checkpoint_end_to_end(two_checkpoints: Path, tmp_path: Path) ->
     assert len(errors) == 1 and "step_8 is damaged: __0_0.distcp has" in errors[0], p.stderr[-3000:]
     assert "Traceback" not in p.stderr
     assert errors[0] in (bad / "train.log").read_text()
+
+
+def _copy_step(src: Path, dst: Path, drop: tuple = ()) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    for name in drop:
+        (dst / name).unlink()
+    return dst
+
+
+class _StateOnly:
+    """What load_app_state reads of a model or an optimizer: ``state_dict()``."""
+
+    def __init__(self, sd: dict) -> None:
+        self.sd = sd
+
+    def state_dict(self) -> dict:
+        return self.sd
+
+
+def test_unreadable_checkpoint_data_names_the_checkpoint_and_the_cause(
+    two_checkpoints: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """DCP reports a read failure as a CheckpointException, a BaseException: a truncated ``.distcp`` that no
+    manifest describes (a bare DCP checkpoint) is one CheckpointError naming the first rank's cause, in a resume's
+    load and in ``python -m dlrm.export`` (exit 2)."""
+    import re
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from dlrm.checkpoint import CheckpointError, load_app_state
+    from dlrm.export import main as export_main
+
+    ck = _copy_step(two_checkpoints / "checkpoints" / "step_8", tmp_path / "bare", ("manifest.json", "meta.json"))
+    data = ck / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:1000])
+    md = FileSystemReader(str(ck)).read_metadata().state_dict_metadata
+    model = {
+        k[len("model.") :]: torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        for k, m in md.items()
+        if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
+    cause = r"\(RuntimeError: PytorchStreamReader failed reading zip archive: [^\n]*\)"
+    with pytest.raises(CheckpointError) as e:
+        load_app_state(str(ck), _StateOnly(model), _StateOnly({"state": {}}))
+    fix = "give another checkpoint.resume (auto takes the newest intact one)"
+    assert re.fullmatch(
+        rf"checkpoint {re.escape(str(ck))}: its data cannot be read {cause}; {re.escape(fix)}", str(e.value)
+    )
+    assert export_main([str(ck), str(tmp_path / "m.pt")]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        rf"error: checkpoint {re.escape(str(ck))}: its data cannot be read {cause}; restore the file, or export "
+        r"another checkpoint\n",
+        err,
+    ), err
+
+
+def test_export_to_a_missing_directory_is_refused_before_loading(
+    two_checkpoints: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from dlrm.export import main as export_main
+
+    ck = str(two_checkpoints / "checkpoints" / "step_8")
+    out = tmp_path / "nonexist" / "m.pt"
+    assert export_main([ck, str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: OUT {str(out)!r}: no such directory {str(out.parent)!r}; create it or pass another path\n"
+    )
+    assert export_main([ck, str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: OUT {str(tmp_path)!r}: a directory; give the path of the .pt file to write\n"
+    )
+    assert not out.parent.exists()
+
+
+def test_a_checkpoint_without_its_manifest_is_damaged(two_checkpoints: Path, tmp_path: Path) -> None:
+    """Every save writes manifest.json: a step_<N> without one was copied or written incompletely. ``resume=auto``
+    falls back to the previous checkpoint; ``resume=<it>`` is refused."""
+    from dlrm.checkpoint import CheckpointError, choose_checkpoint, verify_checkpoint
+    from dlrm.config import CheckpointConfig
+    from dlrm.dist import DistInfo
+
+    root = tmp_path / "ck"
+    for step in (4, 8):
+        _copy_step(two_checkpoints / "checkpoints" / f"step_{step}", root / f"step_{step}")
+    (root / "step_8" / "manifest.json").unlink()
+    missing = "manifest.json is missing (every save writes one: the checkpoint was copied or written incompletely)"
+    assert verify_checkpoint(str(root / "step_8")) == missing
+    info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
+    assert choose_checkpoint(CheckpointConfig(resume="auto"), str(root), info) == str(root / "step_4")
+    with pytest.raises(CheckpointError) as e:
+        choose_checkpoint(CheckpointConfig(resume=str(root / "step_8")), str(tmp_path / "new"), info)
+    assert str(e.value) == (
+        f"checkpoint {root / 'step_8'} is damaged: {missing}; give another checkpoint.resume (auto takes the newest "
+        "intact one)"
+    )
+
+
+def test_resuming_an_older_checkpoint_of_the_same_directory_is_refused(two_checkpoints: Path) -> None:
+    """Saves beside step_8 of the abandoned run would be pruned against it and ``resume=auto`` would take it; in
+    another ``checkpoint.dir`` the same checkpoint resumes."""
+    from dlrm.checkpoint import choose_checkpoint
+    from dlrm.config import CheckpointConfig, ConfigError
+    from dlrm.dist import DistInfo
+
+    root = two_checkpoints / "checkpoints"
+    info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
+    with pytest.raises(ConfigError) as e:
+        choose_checkpoint(CheckpointConfig(resume=str(root / "step_4")), str(root), info)
+    assert str(e.value) == (
+        f"config key `checkpoint.resume`: {root} holds step_8, newer than step_4; set checkpoint.dir=<a new "
+        "directory> to branch from step_4, or move the newer checkpoints aside"
+    )
+    other = str(two_checkpoints / "branch")
+    assert choose_checkpoint(CheckpointConfig(resume=str(root / "step_4")), other, info) == str(root / "step_4")
+    assert choose_checkpoint(CheckpointConfig(resume=str(root / "step_8")), str(root), info) == str(root / "step_8")
+
+
+def _run_facts(meta: dict, **data: object):
+    from omegaconf import OmegaConf
+
+    from dlrm.checkpoint import RunFacts
+    from dlrm.config import Config
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), meta["config"]))
+    for k, v in data.items():
+        if k == "seed":
+            cfg.seed = v
+        else:
+            setattr(cfg.data, k, v)
+    return RunFacts(meta["global_batch"], meta["steps_per_epoch"], 8, None, cfg)
+
+
+@pytest.mark.parametrize(
+    "change,line",
+    [
+        (
+            dict(num_train_samples=2048),
+            "config key `data.num_train_samples`: checkpoint {ck} was trained with data.num_train_samples=4096, this "
+            "run has 2048; its step 8 would point at other rows: set data.num_train_samples=4096, or "
+            "checkpoint.resume=none to start fresh",
+        ),
+        (
+            dict(shuffle=True),
+            "config key `data.shuffle`: checkpoint {ck} was trained with data.shuffle=false, this run has true; its "
+            "step 8 would point at other rows: set data.shuffle=false, or checkpoint.resume=none to start fresh",
+        ),
+        (
+            dict(name="criteo_binary", dataset_dir="/data/bin"),
+            "config key `data.name`: checkpoint {ck} was trained with data.name=synthetic, this run has "
+            "criteo_binary; its step 8 would point at other rows: set data.name=synthetic, or checkpoint.resume=none "
+            "to start fresh",
+        ),
+    ],
+)
+def test_resume_refuses_other_data_settings(two_checkpoints: Path, change: dict, line: str) -> None:
+    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.config import ConfigError
+
+    ck = str(two_checkpoints / "checkpoints" / "step_8")
+    meta = read_meta(ck)
+    check_resume(ck, meta, _run_facts(meta))  # the run that wrote it
+    check_resume(ck, meta, _run_facts(meta, seed=7))  # unshuffled: the seed does not move the rows
+    with pytest.raises(ConfigError) as e:
+        check_resume(ck, meta, _run_facts(meta, **change))
+    assert str(e.value) == line.format(ck=ck)
+
+
+def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Path) -> None:
+    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.config import ConfigError
+
+    ck = str(two_checkpoints / "checkpoints" / "step_8")
+    meta = read_meta(ck)
+    meta["config"]["data"]["shuffle"] = True
+    with pytest.raises(ConfigError) as e:
+        check_resume(ck, meta, _run_facts(meta, seed=meta["config"]["seed"] + 1))
+    assert str(e.value) == (
+        f"config key `seed`: checkpoint {ck} shuffled its rows with seed={meta['config']['seed']}, this run has "
+        f"{meta['config']['seed'] + 1}; set seed={meta['config']['seed']} so the shuffled order carries over, or "
+        "checkpoint.resume=none"
+    )
+    meta = read_meta(ck)
+    facts = _run_facts(meta)
+    facts.steps_per_epoch = 63
+    with pytest.raises(ConfigError) as e:
+        check_resume(ck, meta, facts)
+    assert str(e.value) == (
+        f"config key `data`: checkpoint {ck} was trained at 64 steps per epoch, this run has 63 (its training split "
+        "has another size at this world size); resume with the data settings of its meta.json `config.data`, or "
+        "checkpoint.resume=none"
+    )
+
+
+@pytest.mark.parametrize("key", ["global_batch", "scheduler", "step", "samples", "world_size", "config"])
+def test_resume_from_a_meta_json_without_a_key_is_a_checkpoint_error(two_checkpoints: Path, key: str) -> None:
+    """A same-size edit of meta.json passes ``checkpoint.verify=size``; its missing keys are named, no KeyError."""
+    from dlrm.checkpoint import CheckpointError, check_resume, read_meta
+
+    ck = str(two_checkpoints / "checkpoints" / "step_8")
+    meta = read_meta(ck)
+    facts = _run_facts(meta)
+    del meta[key]
+    kind = "object" if key in ("scheduler", "config") else "int"
+    with pytest.raises(CheckpointError) as e:
+        check_resume(ck, meta, facts)
+    assert str(e.value) == (
+        f"checkpoint {ck}: meta.json lacks `{key}` (or it is not a JSON {kind}); it is damaged: give another "
+        "checkpoint.resume (auto takes the newest intact one)"
+    )
+
+
+def test_a_damaged_saved_plan_is_a_warning_and_a_new_plan(
+    two_checkpoints: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from dlrm.checkpoint import planning_inputs, read_meta, saved_plan
+    from dlrm.dist import DistInfo
+
+    ck = _copy_step(two_checkpoints / "checkpoints" / "step_8", tmp_path / "step_8")
+    meta = read_meta(str(ck))
+    inputs = planning_inputs(_run_facts(meta).config, meta["global_batch"])
+    (ck / "plan.json").write_text('{"format": "dlrm-plan/1"}')
+    info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
+    with caplog.at_level(logging.WARNING, logger="dlrm"):
+        assert saved_plan(str(ck), info, inputs) is None
+    assert (
+        f"checkpoint {ck}: plan.json or meta.json is unreadable or incomplete (KeyError: 'world_size'); planning anew"
+        in caplog.text
+    )
 
 
 # ------------------------------------------------------------------------------------------------- CUDA (GPU)

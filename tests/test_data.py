@@ -30,8 +30,15 @@ def test_multi_hot_follows_the_mlperf_reference_procedure() -> None:
 
 
 def test_multi_hot_refuses_huge_tables_with_a_fix() -> None:
-    with pytest.raises(ValueError, match="model.row_cap"):
-        D.MultiHot([40_000_000], [100])
+    """The tables are int32 ``[rows, size]``: 50 M x 100 x 4 bytes = 18.6 GiB; a table of size 1 needs none."""
+    from dlrm.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        D.MultiHot([50_000_000, 10**9], [100, 1])
+    assert str(e.value) == (
+        "data.multi_hot: the MLPerf expansion tables would take 18.6 GiB of memory (limit 16 GiB); cap the tables "
+        "with model.row_cap=<rows> or keep ids 1-hot with data.multi_hot=false"
+    )
 
 
 def _split(n: int) -> D.Split:

@@ -6,8 +6,11 @@ CLI block and its errors.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from conftest import REPO
 from dlrm import estimate as est
 from dlrm.data import steps_per_epoch
 from dlrm.plan import main
@@ -29,12 +32,20 @@ def test_epoch_and_target_by_hand() -> None:
 
 
 def test_measured_step_is_interpolated_in_the_batch_and_bounded() -> None:
-    assert est.step_ms("adagrad", False, 8192) == 9.852
-    assert est.step_ms("adagrad", False, 16384) == pytest.approx(9.852 + (12.604 - 9.852) / 3, rel=1e-12)
+    assert est.step_ms("adagrad", False, 8192) == 7.365
+    assert est.step_ms("adagrad", False, 16384) == pytest.approx(7.365 + (12.580 - 7.365) / 3, rel=1e-12)
     with pytest.raises(ValueError, match="outside the measured 4096-65536; give --step-ms"):
         est.step_ms("adagrad", True, 131072)
     with pytest.raises(ValueError, match="no measured step for optimizer.sparse_type=sgd"):
         est.step_ms("sgd", False, 8192)
+
+
+def test_measured_steps_are_the_performance_md_figures() -> None:
+    """``STEP_MS`` restates rows of docs/performance.md; every figure in it must be one there."""
+    doc = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    for key, per_batch in est.STEP_MS.items():
+        for batch, ms in per_batch.items():
+            assert re.search(rf"(?<![\d.]){ms:.3f}(?!\d)", doc), (key, batch, ms)
 
 
 SMALL = ["model=dlrm_v2_small", "world_size=2", "device=cuda", "sharding.hbm_cap_gb=80", "data.global_batch_size=16384"]
@@ -44,7 +55,7 @@ def test_plan_cli_prints_the_estimate(capsys: pytest.CaptureFixture) -> None:
     assert main([*SMALL, "perf=fast", "optimizer.sparse_type=adagrad", "--estimate"]) == 0
     out = capsys.readouterr().out
     assert "ESTIMATE (arithmetic on measured figures, not a measurement) for 2 x H200, 8192 samples per GPU" in out
-    assert "9.85 ms compute (perf=fast on one H200, measured)" in out
+    assert "7.37 ms compute (perf=fast on one H200, measured)" in out
     assert main([*SMALL, "--estimate", "--step-ms", "5"]) == 0
     assert "5.00 ms compute (--step-ms)" in capsys.readouterr().out
 

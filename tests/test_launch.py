@@ -18,7 +18,7 @@ from typing import Dict
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, output_lines
 from dlrm import cli
 from dlrm.cli import _NAME_OK, job_name, run_dir_overrides
 from dlrm.config import InputError
@@ -32,7 +32,6 @@ SHORT = [
     "logger.log_every_n_steps=10",
     "eval.every_n_steps=null",
 ]
-needs_torchx = pytest.mark.skipif(shutil.which("torchx", path=str(BIN)) is None, reason="torchx is not installed")
 
 
 def _env(**extra: str) -> Dict[str, str]:
@@ -183,15 +182,13 @@ def test_sigterm_to_the_launcher_saves_and_exits_143(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    out = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
+    out, sent = [], False
+    for line in output_lines(proc, timeout=300):
         out.append(line)
-        if line.startswith("step "):
+        if line.startswith("step ") and not sent:
             proc.send_signal(signal.SIGTERM)
-            out.append(proc.stdout.read())
-            break
-    rc = proc.wait(timeout=300)
+            sent = True
+    rc = proc.wait(timeout=60)
     text = "".join(out)
     assert rc == 143, text
     assert "Traceback" not in text, text
@@ -258,6 +255,41 @@ def test_component_appdef() -> None:
         trainer(data="")
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_clean_keeps_the_runs() -> None:
+    """README's fix for a CUDA torch in the CPU venv is ``make clean``: it must not delete outputs/."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VENV", "MAKEFLAGS")}
+    p = subprocess.run(
+        ["make", "--no-print-directory", "-n", "clean"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0 and p.stdout == "rm -rf .venv .pytest_cache\n", p.stdout + p.stderr
+
+
+def test_docker_image_installs_the_wandb_extra() -> None:
+    """``logger=[stdout,jsonl,wandb]`` in the image: the dependencies layer installs pyproject's ``wandb`` extra,
+    pinned as in requirements.txt."""
+    import tomllib
+
+    docker = (REPO / "Dockerfile").read_text()
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["wandb"]
+    pins = [x for x in (REPO / "requirements.txt").read_text().split() if x.startswith("wandb==")]
+    assert re.search(r"^RUN .*&& pip install -e \.\[wandb\] ", docker, re.M) and extra == pins and len(pins) == 1
+
+
+def test_component_docstring_overrides_compose() -> None:
+    """The trainer overrides after ``--`` in launch/components.py's example commands (those given in full) are a
+    valid config, with the paths as the container sees its mounts."""
+    import launch.components as components
+    from dlrm.config import compose, to_config
+
+    commands = components.__doc__.replace("\\\n", " ").splitlines()
+    examples = [c.split(" -- ", 1)[1].split() for c in commands if c.lstrip().startswith("torchx run") and " -- " in c]
+    full = [o for o in examples if o[-1] != "..."]
+    assert len(full) == 2 and ["experiment=mlperf_dlrmv2", "data.dataset_dir=/data/criteo_bin"] in full
+    for overrides in full:
+        to_config(compose(overrides))
+
+
 def test_torchxconfig_options_are_known_to_torchx() -> None:
     """torchx only warns about an unknown option and drops it; a typo would silently change nothing."""
     from torchx.schedulers import get_scheduler_factories
@@ -277,7 +309,6 @@ def test_torchxconfig_options_are_known_to_torchx() -> None:
     assert not [s for s in cfg.sections() if s.startswith("component:")]  # dist.ddp keeps torchx's defaults
 
 
-@needs_torchx
 def test_torchx_component_two_processes_one_run_dir_named_by_app_id(tmp_path: Path) -> None:
     root, logs = tmp_path / "runs", tmp_path / "logs"
     p = subprocess.run(

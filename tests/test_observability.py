@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import re
 import subprocess
 import sys
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 from test_train_e2e import BIN, ENV, records, run
 
+import dlrm.data as D
 from conftest import REPO
-from dlrm.config import OptimizerConfig
+from dlrm.config import OptimizerConfig, compose, to_config
 from dlrm.schedule import lr_at
 
 SMALL = [
@@ -60,14 +62,19 @@ def test_eval_cadence_test_split_and_metrics(full_run: Path) -> None:
     assert [r["step"] for r in vals] == [4, 8, 12, 16]  # 16 steps/epoch, 4 evaluations per epoch
     tests = [r for r in recs if "test_auc" in r]
     assert len(tests) == 1 and tests[0]["step"] == 16 and tests[0]["test_samples"] == 512
-    for key in ("val_logloss", "val_ne", "val_accuracy", "val_calibration", "val_ctr"):
-        assert isinstance(vals[-1][key], float), key
+    v = vals[-1]
+    cfg = to_config(compose(SMALL))
+    ctr = float(D.load_synthetic(cfg.data, cfg.model.table_rows, cfg.seed)[1].labels.mean())
+    entropy = -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr))  # NE's denominator: the CTR's log loss
+    assert v["val_ctr"] == pytest.approx(ctr, rel=1e-6)
+    assert v["val_ne"] == pytest.approx(v["val_logloss"] / entropy, rel=1e-6)
+    assert 0 < v["val_accuracy"] < 1 and v["val_calibration"] > 0
     train = [r for r in recs if "loss" in r]
     assert [r["step"] for r in train] == list(range(2, 17, 2))
     for key in ("train_auc", "samples_per_s", "samples_per_s_per_rank", "step_ms", "peak_mem_gb"):
         assert train[-1][key] > 0, key
-    cfg = OptimizerConfig(lr=0.01, warmup_steps=4, decay_start_step=8, decay_steps=4)
-    assert [r["lr"] for r in train] == pytest.approx([lr_at(r["step"] - 1, 0.01, cfg) for r in train])
+    opt = OptimizerConfig(lr=0.01, warmup_steps=4, decay_start_step=8, decay_steps=4)
+    assert [r["lr"] for r in train] == pytest.approx([lr_at(r["step"] - 1, 0.01, opt) for r in train])
     out = (full_run / "stdout.txt").read_text()
     assert re.search(r"\d+/16 \[", out), "no tqdm progress bar in the output"
     assert "final validation AUC" in out
@@ -122,6 +129,45 @@ def test_mlperf_log_passes_the_compliance_checker(full_run: Path, tmp_path: Path
         "eval_samples",
     }
     _compliance_check(full_run / "mlperf.log", tmp_path)
+
+
+def test_mlperf_log_records_the_tables_own_learning_rate(tmp_path: Path) -> None:
+    """``sparse_lr`` adds ``opt_sparse_base_learning_rate``; without it the key is absent (the tables train at
+    ``opt_base_learning_rate``)."""
+    from mlperf_logging import mllog
+
+    from dlrm.config import MlperfSink
+    from dlrm.mlperf_log import MlperfLogger
+
+    hp = dict(global_batch=64, lr=0.004, eps=1e-8, warmup=0, decay_start=0, decay_steps=0, train_samples=640)
+    shared = mllog.get_mllogger().logger  # each MlperfLogger adds a file handler to mllog's one logger
+    before = list(shared.handlers)
+    for name, sparse_lr in (("with.log", 0.02), ("without.log", None)):
+        try:
+            MlperfLogger(str(tmp_path), MlperfSink(enabled=True, file=name), is_main=True).hyperparameters(
+                **hp, eval_samples=64, sparse_lr=sparse_lr
+            )
+        finally:
+            for h in [h for h in shared.handlers if h not in before]:
+                shared.removeHandler(h)
+                h.close()
+    got = {n: {e["key"]: e["value"] for e in _mllog(tmp_path / n)} for n in ("with.log", "without.log")}
+    want = {
+        "global_batch_size": 64,
+        "gradient_accumulation_steps": 1,
+        "opt_name": "adagrad",
+        "opt_base_learning_rate": 0.004,
+        "opt_adagrad_learning_rate_decay": 0,
+        "opt_weight_decay": 0,
+        "opt_adagrad_initial_accumulator_value": 0,
+        "opt_adagrad_epsilon": 1e-8,
+        "opt_learning_rate_warmup_steps": 0,
+        "opt_learning_rate_decay_start_step": 0,
+        "opt_learning_rate_decay_steps": 0,
+        "train_samples": 640,
+        "eval_samples": 64,
+    }
+    assert got == {"with.log": {**want, "opt_sparse_base_learning_rate": 0.02}, "without.log": want}
 
 
 def test_mlperf_recipe_at_toy_size_passes_the_compliance_checker(tmp_path: Path) -> None:
@@ -230,17 +276,52 @@ def test_target_auc_stops_training_early(tmp_path: Path) -> None:
     assert '"status": "success"' in (d / "mlperf.log").read_text()
 
 
-def test_nonfinite_loss_stops_with_step_position_and_last_metrics(tmp_path: Path) -> None:
-    p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "optimizer.lr=1e30"])
-    assert p.returncode != 0
+def test_nonfinite_loss_stops_with_step_position_and_saves_no_diverged_checkpoint(tmp_path: Path) -> None:
+    """A checkpoint every step and a log window of 8: the divergence is caught before the first save after it
+    (not at the window's end), so every checkpoint left holds finite weights; one `error:` line, exit 1."""
+    d = tmp_path / "run"
+    small = [o for o in SMALL if not o.startswith("logger.log_every_n_steps")]
+    overrides = ["logger.log_every_n_steps=8", "checkpoint.every_n_steps=1", "checkpoint.async_save=false"]
+    p = run([sys.executable, "train.py", f"hydra.run.dir={d}", *small, *overrides, "optimizer.lr=1e30"])
+    assert p.returncode == 1, p.stdout + p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr
     m = re.search(
         r"non-finite training loss at step (\d+) \(rank 0 batch: epoch 0 batch (\d+): "
         r"synthetic train rows (\d+)-(\d+)\); last finite metrics: (.*)",
-        p.stdout + p.stderr,
+        errors[0],
     )
-    assert m, p.stdout + p.stderr
+    assert m, errors[0]
     step, batch, lo, hi = (int(x) for x in m.groups()[:4])
     assert batch == step - 1 and (lo, hi) == ((step - 1) * 256, step * 256 - 1)
+    assert step < 8  # found by the check before a save, inside the first log window
+    saved = sorted(int(x.name.split("_")[1]) for x in (d / "checkpoints").glob("step_*"))
+    assert saved == list(range(max(1, step - 2), step)), saved  # the last good steps (keep_last 2), none after
+
+
+def test_target_auc_reached_on_the_last_step_ends_the_run(tmp_path: Path) -> None:
+    """The final evaluation reaches the target at step 7, inside a log window of 5: the run logs that window
+    once, scores the test split and ends with the MLPerf log's success."""
+    d = tmp_path / "run"
+    small = [o for o in SMALL if not o.startswith("logger.log_every_n_steps")]
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            *small,
+            "logger.log_every_n_steps=5",
+            "trainer.max_steps=7",
+            "eval.target_auc=0.501",
+            "logger=[stdout,jsonl,mlperf]",
+        ]
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = records(d)
+    assert [r["step"] for r in recs if "loss" in r and "val_auc" not in r] == [5, 7]
+    assert [r["step"] for r in recs if r.get("target_reached")] == [7]
+    assert any("test_auc" in r for r in recs)
+    assert '"status": "success"' in (d / "mlperf.log").read_text()
 
 
 def test_eval_split_smaller_than_world_size(tmp_path: Path) -> None:
@@ -263,6 +344,17 @@ def test_eval_split_smaller_than_world_size(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     vals = [r for r in records(d) if "val_samples" in r]
     assert vals[-1]["val_samples"] == 1 and vals[-1]["val_auc"] is None  # one row: one class, AUC undefined
+
+
+def test_profile_window_beyond_the_last_step_is_refused(tmp_path: Path) -> None:
+    p = run(
+        [sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "profile=true", "trainer.max_steps=5"]
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert [ln for ln in p.stderr.splitlines() if ln.startswith("error:")] == [
+        "error: config key `profile_steps`: profile=true records steps 12-16, but this run trains 5; lower "
+        "profile_wait_steps / profile_steps, or train longer"
+    ]
 
 
 DENSE_LABELS = ("## dense_arch ##", "## inter_arch ##", "## over_arch ##")

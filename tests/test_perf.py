@@ -1,9 +1,9 @@
 """Speed levers ``perf.*``: config checks, fp16 tables in the planner, autocast, torch.compile of the
 dense side through TorchRec's pipeline, fp16 tables and pooled embeddings on CPU, and bench/throughput.py.
 
-One spawned gloo process (``run_gloo(1, ...)``) trains a tiny model through ``build_training`` four ways (fp32,
-compiled, fp16 tables with fp16 pooled embeddings, the same uncompiled fp32 again); a second runs the throughput
-benchmark's ``--smoke`` mode. torch.compile (inductor on CPU) runs once, on the tiny model.
+One spawned gloo process (``run_gloo(1, ...)``) trains a tiny model through ``build_training`` in 9 configurations
+(fp32; compiled, split and unsplit, narrow and wide; fp16 tables with stochastic and nearest rounding; ``perf=fast``
+and its fp32 reference); Inductor compiles five of them. A second runs the throughput benchmark's ``--smoke`` mode.
 
     .venv/bin/python -m pytest -q tests/test_perf.py
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -370,7 +371,7 @@ def test_data_parallel_fp16_tables_are_refused(tmp_path: Path) -> None:
 
 def test_auto_sharding_keeps_fp16_tables_off_data_parallel() -> None:
     """With fp32 tables the planner puts the smallest tables (3, 4, 10, 14 rows) data_parallel on 2 CPU ranks;
-    with fp16 tables ``sharding=auto`` must not offer it (it used to fail with the PlanError above)."""
+    with fp16 tables ``sharding=auto`` must not offer it (a data_parallel fp16 table is the PlanError above)."""
     from dlrm.plan import plan_job
 
     fp32 = plan_job(["model.row_cap=64"], world_size=2)
@@ -560,9 +561,22 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     out = {"fp32": _train([], batches)}
     out["compile"] = _train(["perf.compile=true"], batches)
     out["unique_graphs"] = compat.dynamo_count("stats", "unique_graphs")
+    # a caller's compile function (dlrm.trainer.BuildHooks) gets the trainer's call and replaces compile_dense
+    from dlrm.perf import compile_dense
+    from dlrm.trainer import BuildHooks
+
+    calls: List[Any] = []
+
+    def recording(model: Any, mode: str, ddp_split: bool) -> List[str]:
+        calls.append((type(model).__name__, mode, ddp_split))
+        return compile_dense(model, mode, ddp_split)
+
     out["one_graph"] = _train(
-        ["perf.compile=true", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=1"], batches
+        ["perf.compile=true", "perf.compile_ddp_split=false", "perf.ddp_bucket_cap_mb=1"],
+        batches,
+        hooks=BuildHooks(compile_dense=recording),
     )
+    out["hook_calls"] = calls
     # an over arch of 1.9 MiB of fp32 weights, so that 1 MiB buckets split the step; pieces counted as the
     # graphs AOTAutograd compiles
     wide = [o for o in TINY if not o.startswith("model.over_arch")] + ["model.over_arch_layer_sizes=[1024,256,1]"]
@@ -579,20 +593,6 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     # perf=fast as it runs on CPU (fp32 pooled embeddings): bf16 autocast with the bf16 DCN stream, one graph
     out["fast"] = _train(["perf=fast", "perf.embedding_output_dtype=fp32", "model.dcn_num_layers=2"], batches)
     out["fast_ref"] = _train(["model.dcn_num_layers=2"], batches)  # the same network in fp32, eager
-    # a caller's compile function (dlrm.trainer.BuildHooks) gets the trainer's call and replaces compile_dense
-    from dlrm.perf import compile_dense
-    from dlrm.trainer import BuildHooks
-
-    calls: List[Any] = []
-
-    def recording(model: Any, mode: str, ddp_split: bool) -> List[str]:
-        calls.append((type(model).__name__, mode, ddp_split))
-        return compile_dense(model, mode, ddp_split)
-
-    out["hooked"] = _train(
-        ["perf.compile=true", "perf.compile_ddp_split=false"], batches, hooks=BuildHooks(compile_dense=recording)
-    )
-    out["hook_calls"] = calls
     out["batches"] = batches
     return out
 
@@ -625,9 +625,9 @@ def test_compiled_dense_side_trains_like_eager_through_the_pipeline(trained) -> 
 def test_compile_hook_gets_the_trainers_call_and_trains_like_the_trainer(trained) -> None:
     """``BuildHooks.compile_dense`` is called once, as the trainer calls ``dlrm.perf.compile_dense`` (the unwrapped
     model, ``perf.compile_mode``, ``perf.compile_ddp_split``), and what it returns is what the build reports; the
-    step trains as the trainer's own compiled one-graph step does."""
+    step trains as the trainer's default compiled step does."""
     assert trained["hook_calls"] == [("DLRMTrainAutocast", "default", False)]
-    hooked = trained["hooked"]
+    hooked = trained["one_graph"]
     assert (
         hooked["setup_compiled"]
         == hooked["compiled"]
@@ -781,12 +781,16 @@ def test_throughput_smoke_one_process(tmp_path: Path) -> None:
     assert [r["config"] for r in data["results"]] == order
     for r in data["results"]:
         assert "error" not in r, r
-        assert r["batch_per_rank"] == 32 and len(r["ms_repeats"]) == 2 and all(t > 0 for t in r["ms_repeats"])
-        assert 0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"]
+        ms = r["ms_repeats"]
+        assert r["batch_per_rank"] == 32 and len(ms) == 2 and min(ms) > 0
+        assert (r["ms_min"], r["ms_median"], r["ms_max"]) == (min(ms), statistics.median(ms), max(ms))
         assert r["samples_per_s"] == pytest.approx(32 * 1000.0 / r["ms_median"])
         assert 0.0 < r["last_loss"] < 5.0
         assert 0 < r["host_ms_per_step"] < 10 * r["ms_max"], r  # median host time to issue one step
     by = {r["config"]: r for r in data["results"]}
+    # stock is TorchRec's own model; the trainer variants are the trainer's
+    assert (by["stock"]["model"], by["stock"]["sparse_arch"]) == ("torchrec.models.dlrm.DLRMTrain", "SparseArch")
+    assert (by["fp32"]["model"], by["fp32"]["sparse_arch"]) == ("dlrm.model.DLRMTrainAutocast", "ZeroCopySparseArch")
     assert by["fp16_tables"]["overrides"] == ["perf.embedding_dtype=fp16"]
     assert all(t != "data_parallel" for t, _ in by["fp16_tables"]["plan"])
     # --profile on CPU: no device kernels, so no GPU busy or idle time, and the host syncs are listed
@@ -1012,11 +1016,14 @@ def _bounds_worker(rank: int, world: int, mode: str) -> str:
         return f"RuntimeError: {str(e).splitlines()[0]}"
 
 
+def _bounds_modes(rank: int, world: int) -> List[str]:
+    return [_bounds_worker(rank, world, mode) for mode in ("warning", "fatal")]
+
+
 def test_tbe_bounds_check_on_an_out_of_range_id() -> None:
     """``perf.tbe_bounds_check``: FBGEMM's default ``warning`` looks the bad id up as row 0 and the step goes on;
     ``fatal`` fails the step. (``none``, which ``perf=fast`` uses, skips the check: only for in-range ids.)"""
-    warning = run_gloo(1, _bounds_worker, "warning")[0]
-    fatal = run_gloo(1, _bounds_worker, "fatal")[0]
+    warning, fatal = run_gloo(1, _bounds_modes)[0]
     assert warning.startswith("loss ") and 0.0 < float(warning.split()[1]) < 5.0, warning
     assert fatal.startswith("RuntimeError: Expected idx < num_rows"), fatal
 

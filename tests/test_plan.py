@@ -17,7 +17,7 @@ import pytest
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-from conftest import REPO
+from conftest import REPO, dense_param_count
 from dlrm.config import compose, to_config
 from dlrm.model import build_model
 from dlrm.plan import plan_job
@@ -106,6 +106,16 @@ def test_data_parallel_max_rows_replicates_the_small_tables() -> None:
     assert min(rows[int(n[6:])] for n in rest) == 39060  # t_cat_1, by its own constraint
 
 
+def test_data_parallel_max_rows_holds_on_one_rank() -> None:
+    """On one rank the other tables are table_wise (the layout stock TorchRec gets); the replicated ones stay."""
+    rows = to_config(compose(SMALL)).model.table_rows
+    plan = _by_table(plan_job([*SMALL, "sharding.data_parallel_max_rows=10"], world_size=1))
+    assert {n for n, ps in plan.items() if ps.sharding_type == "data_parallel"} == {
+        f"t_cat_{i}" for i, r in enumerate(rows) if r <= 10
+    }
+    assert {ps.sharding_type for ps in plan.values()} == {"data_parallel", "table_wise"}
+
+
 def test_pooling_factors_default_to_multi_hot_sizes() -> None:
     cfg = to_config(compose(SMALL + ["+sharding.constraints.t_cat_1.pooling_factors=[2.5]"]))
     model = build_model(cfg.model, dense_device=torch.device("meta"))
@@ -135,7 +145,8 @@ def test_mlperf_dlrm_v2_on_8_h200() -> None:
     dense = dense_parameters(build_model(cfg.model, dense_device=torch.device("meta")))
     tr = job_traffic(cfg, pi.plan, dense_params=dense, world_size=8, local_world_size=8, batch_size=8192)
     types = {(s["table"], s["sharding_type"]) for s in pi.shards}
-    assert sorted(t for _, t in types).count("row_wise") == 2 and dense == 16_044_545
+    assert sorted(t for _, t in types).count("row_wise") == 2
+    assert dense == dense_param_count(cfg.model) == 16_044_545
     for r in range(8):
         sent = {m.tensor + " " + m.stage: m.send_bytes for m in tr.of_rank(r) if m.sharding_type in ("all", "dense")}
         assert sent == {"splits input dist": 8 * 3 * 2 * 8, "dense gradients all-reduce": dense * 4}
@@ -183,6 +194,57 @@ def test_plan_path_for_another_job_is_refused(tmp_path: Path) -> None:
         plan_job([*SMALL, f"sharding.plan_path={f}"], world_size=2)
     with pytest.raises(PlanError, match="cannot read"):
         plan_job([*SMALL, f"sharding.plan_path={tmp_path / 'nope.json'}"], world_size=2)
+
+
+def test_plan_path_keeps_the_offload_cache_settings_and_refuses_other_kernels(tmp_path: Path) -> None:
+    """``plan.json`` records placements, not ``CacheParams``: loaded under ``offload=uvm_caching`` the plan gets
+    the configured cache (load factor, prefetch_pipeline) again, and under ``offload=uvm`` it is refused."""
+    small_cuda = [*SMALL, "device=cuda", "sharding.hbm_cap_gb=10", "sharding.ddr_cap_gb=10", "offload.min_table_rows=1"]
+    caching = [*small_cuda, "offload=uvm_caching", "pipeline=prefetch", "offload.cache_load_factor=0.3"]
+    f = tmp_path / "plan.json"
+    save_plan(plan_job(caching, world_size=1), str(f))
+    back = _by_table(plan_job([*caching, f"sharding.plan_path={f}"], world_size=1))
+    assert {
+        (ps.compute_kernel, ps.cache_params.load_factor, ps.cache_params.prefetch_pipeline) for ps in back.values()
+    } == {("fused_uvm_caching", 0.3, True)}
+    with pytest.raises(PlanError) as e:
+        plan_job([*small_cuda, "offload=uvm", f"sharding.plan_path={f}"], world_size=1)
+    assert str(e.value) == (
+        f"config key `sharding.plan_path`: table t_cat_0 is fused_uvm_caching in {f}, but offload.* puts it on "
+        "fused_uvm; write the plan with the same offload.* keys (python -m dlrm.plan ... out=plan.json), or drop "
+        "sharding.plan_path to re-plan"
+    )
+
+
+def test_damaged_or_hand_edited_plan_is_refused_naming_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "plan.json"
+    save_plan(plan_job([*SMALL, "sharding=row_wise"], world_size=2), str(f))
+    good = json.loads(f.read_text())
+    key = "config key `sharding.plan_path`"
+
+    def refused(doc) -> str:
+        f.write_text(json.dumps(doc))
+        with pytest.raises(PlanError) as e:
+            plan_job([*SMALL, f"sharding.plan_path={f}"], world_size=2)
+        return str(e.value)
+
+    assert refused([1]) == f"{key}: {f} is not a plan.json (dlrm-plan/1); write one with python -m dlrm.plan"
+    assert refused({k: v for k, v in good.items() if k != "world_size"}) == (
+        f"{key}: {f} is damaged or hand-edited (KeyError: 'world_size'); write it again with python -m dlrm.plan "
+        "... out=<file>, or drop sharding.plan_path to re-plan"
+    )
+    swapped = json.loads(json.dumps(good))
+    swapped["tables"][0]["ranks"] = swapped["tables"][0]["ranks"][::-1]
+    assert refused(swapped) == (
+        f"{key}: table t_cat_0 in {f}: ranks [1, 0] do not list its shards' ranks [0, 1] in order; re-plan for this "
+        "model (drop sharding.plan_path)"
+    )
+    overlap = json.loads(json.dumps(good))  # rows 0-31 on rank 0, and rows 16-47 instead of 32-63 on rank 1
+    overlap["tables"][0]["shards"][1]["offsets"] = [16, 0]
+    assert refused(overlap) == (
+        f"{key}: table t_cat_0 in {f}: shards at rows 0, cols 0 and rows 16, cols 0 overlap; re-plan for this "
+        "model (drop sharding.plan_path)"
+    )
 
 
 def test_shipped_balanced_plan_loads_for_its_model_only() -> None:
@@ -271,7 +333,7 @@ def test_table_larger_than_its_memory() -> None:
         PlanError,
         match=r"table t_cat_0 \(40,000,000 x 128 fp32 with its optimizer state, 38.15 "
         r"GiB\) does not fit the 15.20 GiB of HBM per rank.*"
-        r"sharding_types=\[row_wise\].*more GPUs.*fused_uvm_caching",
+        r"sharding_types=\[row_wise\].*more GPUs.*offload=uvm_caching pipeline=prefetch",
     ):
         plan_job(
             [*H200, "sharding=table_wise", "sharding.compute_kernel=fused", "sharding.hbm_cap_gb=16"], world_size=8
@@ -280,7 +342,7 @@ def test_table_larger_than_its_memory() -> None:
     with pytest.raises(
         PlanError,
         match=r"the planner found no placement for 26 tables on 2 ranks .*Largest: "
-        r"table t_cat_0 .*row_wise.*more GPUs.*fused_uvm_caching",
+        r"table t_cat_0 .*row_wise.*more GPUs.*offload=uvm_caching pipeline=prefetch",
     ):
         plan_job(
             [
@@ -404,8 +466,7 @@ def test_trainer_prints_and_saves_the_plan_and_reuses_it(tmp_path: Path) -> None
     )
     assert p2.returncode == 0, p2.stdout + p2.stderr
     assert f"sharding plan ({d1 / 'plan.json'})" in p2.stdout
-    strip = lambda doc: [{k: v for k, v in t.items()} for t in doc["tables"]]  # noqa: E731
-    assert strip(json.loads((d2 / "plan.json").read_text())) == strip(saved)
+    assert json.loads((d2 / "plan.json").read_text())["tables"] == saved["tables"]
     losses = [
         [r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
         for d in (d1, d2)
@@ -523,6 +584,46 @@ def test_plan_command_bad_override_is_one_error_line(args: List[str], line: str,
     assert main([*SMALL, *args]) == 2
     out = capsys.readouterr()
     assert out.err == line + "\n" and out.out == ""
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ["world_size=4", "local_world_size=0"],
+            "error: config key `local_world_size`: must be >= 1 and divide world_size=4 (got 0); give the ranks per "
+            "host, e.g. local_world_size=8",
+        ),
+        (
+            ["world_size=4", "local_world_size=-1"],
+            "error: config key `local_world_size`: must be >= 1 and divide world_size=4 (got -1); give the ranks per "
+            "host, e.g. local_world_size=8",
+        ),
+        (
+            ["world_size=4", "local_world_size=3"],
+            "error: config key `local_world_size`: must be >= 1 and divide world_size=4 (got 3); give the ranks per "
+            "host, e.g. local_world_size=8",
+        ),
+        (["out="], "error: config key `out`: '': empty; give the plan.json file to write, e.g. out=plan.json"),
+        (
+            ["out={tmp}/nonexistent/plan.json"],
+            "error: config key `out`: '{tmp}/nonexistent/plan.json': no such directory '{tmp}/nonexistent'; give "
+            "the plan.json file to write, e.g. out=plan.json",
+        ),
+        (
+            ["out={tmp}"],
+            "error: config key `out`: '{tmp}': a directory; give the plan.json file to write, e.g. out=plan.json",
+        ),
+    ],
+)
+def test_plan_command_bad_layout_or_out_is_refused_before_planning(
+    args: List[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from dlrm.plan import main
+
+    assert main([*SMALL, *(a.format(tmp=tmp_path) for a in args)]) == 2
+    out = capsys.readouterr()
+    assert out.err == line.format(tmp=tmp_path) + "\n" and out.out == ""
 
 
 def test_plan_is_the_same_under_every_hash_seed(tmp_path: Path) -> None:

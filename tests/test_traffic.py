@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import torch
 
-from conftest import run_gloo
+from conftest import dense_param_count, run_gloo
 from dlrm.traffic import (
     IB_400_GBPS,
     NVLINK_H200_GBPS,
@@ -101,7 +101,7 @@ def _expected(cfg: Any, plan: Any, world: int, local: int, int32_ids: bool) -> S
     from dlrm.model import build_model
 
     dense = dense_parameters(build_model(cfg.model, dense_device=torch.device("meta")))
-    assert dense == 117_569  # the small model's MLPs and DCN
+    assert dense == dense_param_count(cfg.model) == 117_569  # the small model's MLPs and DCN
     id_dtype = "int32" if int32_ids else None
     return job_traffic(
         cfg, plan, dense_params=dense, world_size=world, local_world_size=local, batch_size=BATCH, id_dtype=id_dtype

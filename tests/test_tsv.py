@@ -72,6 +72,29 @@ def test_bad_input_names_file_and_line(tmp_path: Path, text: str, match: str) ->
         read_tsv(_write(tmp_path, text))
 
 
+@pytest.mark.parametrize("value", [" 7", "7 ", "+5", "1_000", "0x1f", "\u0663"])
+def test_integer_outside_criteo_syntax_is_refused(tmp_path: Path, value: str) -> None:
+    """Python's int() takes these; a Criteo count is ASCII digits with an optional '-'."""
+    with pytest.raises(TsvFormatError) as e:
+        read_tsv(_write(tmp_path, _line("0", ["1", "2", value] + [""] * 10) + "\n"))
+    assert str(e.value) == (
+        f"{tmp_path / 'x.tsv'}:1: integer feature I3 is {value!r}, not an integer (decimal digits with an optional "
+        "'-'; leave the field empty for a missing value)"
+    )
+
+
+@pytest.mark.parametrize("value", ["0x1f", "1_f", " 1f", "+1f", "-1f", "1ffffffff", "\u0663"])
+def test_category_outside_32_bit_hex_is_refused(tmp_path: Path, value: str) -> None:
+    with pytest.raises(TsvFormatError) as e:
+        read_tsv(_write(tmp_path, _line("0", None, [""] * 6 + [value] + [""] * 19) + "\n"))
+    assert str(e.value) == (
+        f"{tmp_path / 'x.tsv'}:1: categorical feature C7 is {value!r}, not a 32-bit hex value (leave the field "
+        "empty for a missing value)"
+    )
+    ok = read_tsv(_write(tmp_path, _line("0", None, [""] * 6 + ["00000001f"] + [""] * 19) + "\n", "ok.tsv"))
+    assert ok.cats[0, 6] == 0x1F  # leading zeros: still a 32-bit value
+
+
 def test_missing_path_names_the_config_key(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="config key `data.val_path`"):
         read_tsv(str(tmp_path / "nope.tsv"), config_key="data.val_path")
@@ -104,13 +127,25 @@ def test_check_tsv_tool(tmp_path: Path) -> None:
 
     good = _write(tmp_path, _line("1", [1] * 13) + "\n" + _line("0") + "\n", "good.tsv")
     bad = _write(tmp_path, _line("0") + "\n" + _line("7") + "\n", "bad.tsv")
-    ok = subprocess.run([sys.executable, "data/check_tsv.py", good], cwd=REPO, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "data/check_tsv.py", good], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert ok.returncode == 0 and "good.tsv: 2 rows, click rate 0.5000" in ok.stdout
     assert "missing I1..I13: 0.50 0.50" in ok.stdout and "missing C1..C26: 1.00" in ok.stdout
-    fail = subprocess.run([sys.executable, "data/check_tsv.py", bad], cwd=REPO, capture_output=True, text=True)
+    fail = subprocess.run(
+        [sys.executable, "data/check_tsv.py", bad], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert fail.returncode == 1 and "bad.tsv:2: label '7' is not 0 or 1" in fail.stderr
     main = _check_tsv_main()
     assert main(["--help"]) == 0 and main([]) == 2  # usage: printed on --help, an error without a file
+
+
+def test_check_tsv_without_a_file_is_one_error_line(capsys) -> None:
+    assert _check_tsv_main()([]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        "error: no file given; usage: python data/check_tsv.py FILE [FILE ...] (plain or gzip Criteo TSV)\n"
+    )
 
 
 def _check_tsv_main():
@@ -128,11 +163,6 @@ def _rows_text(n: int) -> str:
         cats = ["" if rng.random() < 0.2 else format(int(rng.integers(0, 2**32)), "x") for _ in range(26)]
         lines.append(_line(str(i % 2), ints, cats))
     return "\n".join(lines) + "\n"
-
-
-def test_tsv_format_error_is_an_input_error() -> None:
-    """The command line prints an InputError as one `error:` line and exits 2 (dlrm/cli.py)."""
-    assert issubclass(TsvFormatError, InputError)
 
 
 def test_gzip_reads_like_the_plain_file_by_name_or_by_magic_bytes(tmp_path: Path, capsys) -> None:
