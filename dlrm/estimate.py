@@ -4,7 +4,7 @@
 It is arithmetic on measured figures, not a measurement:
 
 - the step's compute: this trainer's ``perf=fast`` step on one H200 at the per-GPU batch (:data:`STEP_MS`,
-  ``bench.throughput`` on 2026-12-01, docs/performance.md), linearly interpolated between the
+  ``bench.throughput`` on 2026-12-02, docs/performance.md), linearly interpolated between the
   measured batch sizes, or ``--step-ms`` (your own figure);
 - the step's collectives: ``dlrm.traffic``'s time for the plan at the link rates (peak rates, one after another);
   the step lies between compute alone (all of it overlapped) and compute plus collectives (none of it);
@@ -26,13 +26,12 @@ EVAL_SAMPLES = 89_137_319
 EVALS_PER_EPOCH = 20
 EPOCHS_TO_TARGET = 0.75
 # 1x H200, MLPerf DLRM-v2 with tables capped at 4 M rows, table_wise, perf=fast, batches on the GPU: ms per step
-# by (optimizer.sparse_type, pipeline=graphed) and per-GPU batch (docs/performance.md, 2026-12-01: 8192 and the
-# element-wise graph at 32768 at 6879943, the rest at 48a1b76)
+# by (optimizer.sparse_type, pipeline=graphed) and per-GPU batch (docs/performance.md, 2026-12-02, 77827a9)
 STEP_MS: Dict[Tuple[str, bool], Dict[int, float]] = {
-    ("adagrad", False): {4096: 8.786, 8192: 9.852, 32768: 12.604, 65536: 22.996},
-    ("adagrad", True): {4096: 2.273, 8192: 3.624, 32768: 11.935, 65536: 22.516},
-    ("rowwise_adagrad", False): {4096: 9.940, 8192: 8.700, 32768: 12.352, 65536: 22.122},
-    ("rowwise_adagrad", True): {4096: 2.217, 8192: 3.596, 32768: 11.614, 65536: 21.686},
+    ("adagrad", False): {4096: 6.407, 8192: 7.365, 32768: 12.580, 65536: 23.132},
+    ("adagrad", True): {4096: 2.197, 8192: 3.598, 32768: 12.110, 65536: 22.619},
+    ("rowwise_adagrad", False): {4096: 6.831, 8192: 7.925, 32768: 12.085, 65536: 22.362},
+    ("rowwise_adagrad", True): {4096: 2.161, 8192: 3.517, 32768: 11.616, 65536: 21.936},
 }
 EVAL_SAMPLES_PER_S_PER_GPU = 5.2e6  # train.py's evaluation at batch 32768 on one H200 (6ba4974)
 PUBLISHED = "NVIDIA HugeCTR, 8x H200, MLPerf Training v4.0: 3.47 min to the target, 15.1 M samples/s"
