@@ -224,7 +224,7 @@ class DataConfig:
     """``synthetic``: training samples."""
     num_val_samples: int = 16384
     """``synthetic``: validation samples."""
-    num_test_samples: int = 0
+    num_test_samples: int = 16384
     """``synthetic``: test samples, scored once at the end (0: no test split)."""
     teacher_seed: int = 1234
     """``synthetic``: seed of the hidden teacher model that labels the samples."""
