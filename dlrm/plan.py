@@ -203,8 +203,10 @@ def _check_out(out: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m dlrm.plan [OVERRIDES] [world_size=N] ...`` (module docstring; ``sys.argv`` when ``argv`` is None);
     returns the exit status: 0, or 2 after one ``error:`` line on stderr for a config, plan or estimate error."""
-    # TorchRec's planner warns about meta-device dry runs and direct Topology construction: noise here.
+    # TorchRec's planner warns about meta-device dry runs, direct Topology construction and, on the root logger,
+    # data_parallel tables having no sharding spec: noise here (basicConfig is a no-op once root has a handler).
     logging.basicConfig(level=logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     args = list(sys.argv[1:] if argv is None else argv)
