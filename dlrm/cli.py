@@ -158,20 +158,22 @@ def hydra_main(cfg: DictConfig) -> None:
 def check_overrides(argv: Sequence[str]) -> None:
     """Compose the config with the command line's overrides once before Hydra's app starts, so that a misspelt
     key, a value of the wrong type or an unknown group option is one ``error:`` line (exit 2) instead of Hydra's
-    multi-line message. ``hydra.*`` overrides are Hydra's own and left to it; with a flag (``--cfg``,
-    ``--multirun``, ...) nothing is checked here.
+    multi-line message. With a flag (``--cfg``, ``--multirun``, ...) or a sweep (``optimizer.lr=0.1,0.2``,
+    ``hydra.mode=MULTIRUN``) nothing is checked here: Hydra composes each job itself.
 
     Raises:
         InputError: the overrides do not compose (the message is Hydra's, on one line).
     """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     if any(a.startswith("-") for a in argv):
         return
-    ours = [a for a in argv if not a.lstrip("+~").startswith("hydra.")]
     try:
-        compose(ours, CONF_DIR)
+        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(list(argv))):
+            return
+        compose(list(argv), CONF_DIR)
     except (HydraException, OmegaConfBaseException) as e:
         raise InputError(error_line(e)) from e
 

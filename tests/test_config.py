@@ -232,9 +232,21 @@ def test_overrides_that_do_not_compose_are_one_line_before_hydra_starts(argv, me
     from dlrm.cli import check_overrides
 
     with pytest.raises(InputError) as e:
-        check_overrides([*argv, "hydra.run.dir=/nonexistent"])  # hydra.* is left to Hydra
+        check_overrides([*argv, "hydra.run.dir=/nonexistent"])
     assert str(e.value) == message
     check_overrides(["data.batch_size=abc", "--cfg", "job"])  # with a flag Hydra handles everything
+
+
+def test_valid_command_lines_pass_the_override_check(tmp_path: Path) -> None:
+    """A sweep (Hydra composes each job) and a config group found only on an extra ``hydra.searchpath``."""
+    from dlrm.cli import check_overrides
+
+    check_overrides(["hydra.mode=MULTIRUN", "optimizer.lr=0.1,0.2", "data.batch_size=64"])
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 3\n")
+    check_overrides([f"hydra.searchpath=[file://{tmp_path}]", "experiment=mine", "hydra.run.dir=/nonexistent"])
+    with pytest.raises(InputError, match="Could not find 'experiment/mine'"):
+        check_overrides(["experiment=mine"])
 
 
 def test_validation_or_test_file_equal_to_the_training_file_is_refused(tmp_path: Path) -> None:
