@@ -86,6 +86,7 @@ from dlrm import torchrec_compat as compat
 from dlrm.config import CheckpointConfig, Config, ConfigError, InputError
 from dlrm.dist import DistInfo
 from dlrm.metrics import MetricWindow
+from dlrm.schedule import load_scheduler_state
 from dlrm.sharding import plan_fingerprint, plan_rows, save_plan
 
 log = logging.getLogger(__name__)
@@ -712,9 +713,8 @@ _RESUME_KEYS: Tuple[Tuple[str, type], ...] = (
 # data.* keys that decide which rows step N trains on, per data.name (besides data.name, max_rows and shuffle).
 _ROW_KEYS: Dict[str, Tuple[str, ...]] = {
     "synthetic": ("num_train_samples", "num_val_samples", "num_test_samples", "teacher_seed", "teacher_dim"),
-    # file and dataset paths are not compared: a dataset may move between a save and the resume; a different
-    # one of another size still fails the steps-per-epoch check
-    "criteo_tsv": ("val_fraction",),
+    # paths and the validation split (val_path, val_fraction) are not compared: a dataset may move between a save
+    # and the resume, and a training split of another size fails the steps-per-epoch check
 }
 
 
@@ -726,9 +726,9 @@ def check_resume(path: str, meta: Any, run: RunFacts) -> None:
     """Refuse to resume from checkpoint ``path`` (``meta``: its parsed ``meta.json``) a run it does not continue.
 
     The data position is the step count (:class:`TrainState`), so the resumed run must cut the same rows into the
-    same batches: the same data source and rows (``data.name``, ``data.max_rows``, ``data.val_fraction``, the
-    synthetic sizes and teacher), ``data.shuffle`` (and, shuffled, ``seed``), global batch and steps per epoch.
-    Paths are not compared (a dataset may have moved); one of another size changes the steps per epoch.
+    same batches: the same data source and rows (``data.name``, ``data.max_rows``, the synthetic sizes and
+    teacher), ``data.shuffle`` (and, shuffled, ``seed``), global batch and steps per epoch. Paths are not compared
+    (a dataset may have moved); a training split of another size changes the steps per epoch.
 
     Raises:
         CheckpointError: ``meta.json`` lacks a key the resume reads, or holds it with another type (it is damaged).
@@ -769,9 +769,11 @@ def check_resume(path: str, meta: Any, run: RunFacts) -> None:
         )
     if meta["steps_per_epoch"] != run.steps_per_epoch:
         raise ConfigError(
-            f"config key `data`: checkpoint {path} was trained at {meta['steps_per_epoch']} steps per epoch, this "
-            f"run has {run.steps_per_epoch} (its training split has another size at this world size); resume with "
-            "the data settings of its meta.json `config.data`, or checkpoint.resume=none"
+            f"config key `data`: checkpoint {path} was trained at {meta['steps_per_epoch']} steps per epoch on "
+            f"{meta['world_size']} ranks, this run has {run.steps_per_epoch}: its training split has another size, "
+            "or this world size drops a last partial batch (fewer rows than ranks) that the other kept; resume on "
+            f"{meta['world_size']} ranks with the data settings of its meta.json `config.data`, or "
+            "checkpoint.resume=none"
         )
 
 
@@ -846,7 +848,7 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {path}: {META} is unreadable ({type(e).__name__}: {e})") from e
         check_resume(path, meta, self.run)
         report = load_app_state(path, self.model, self.optimizer, self.pg)
-        self.scheduler.load_state_dict(meta["scheduler"])
+        load_scheduler_state(self.scheduler, meta["scheduler"])
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
         state.step = self.last_saved_step = int(meta["step"])

@@ -12,6 +12,9 @@ or 1 are valid.
 
 from __future__ import annotations
 
+import warnings
+from typing import Any, Dict
+
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -45,3 +48,20 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig) -> La
     """
     bases = [g["lr"] for g in optimizer.param_groups]
     return LambdaLR(optimizer, [lambda s, b=b: lr_at(s, b, cfg) / b for b in bases])
+
+
+def load_scheduler_state(scheduler: LambdaLR, state: Dict[str, Any]) -> None:
+    """Restore a :func:`make_scheduler` schedule from ``state`` (its ``state_dict()`` as a checkpoint saved it).
+
+    With as many param groups as when it was saved this is ``load_state_dict``. Another plan may group the
+    parameters differently (data_parallel tables join the dense optimizer's groups on several ranks), which
+    ``LambdaLR.load_state_dict`` cannot take; the schedule is a function of the step alone, so it is then replayed to
+    the saved step: every group gets ``lr_at(last_epoch, its base)``.
+    """
+    if len(state.get("base_lrs") or ()) == len(scheduler.base_lrs):
+        scheduler.load_state_dict(state)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # LambdaLR.step() before any optimizer.step()
+        scheduler.last_epoch = int(state["last_epoch"]) - 1
+        scheduler.step()

@@ -682,8 +682,9 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
     with pytest.raises(ConfigError) as e:
         check_resume(ck, meta, facts)
     assert str(e.value) == (
-        f"config key `data`: checkpoint {ck} was trained at 64 steps per epoch, this run has 63 (its training split "
-        "has another size at this world size); resume with the data settings of its meta.json `config.data`, or "
+        f"config key `data`: checkpoint {ck} was trained at 64 steps per epoch on 1 ranks, this run has 63: its "
+        "training split has another size, or this world size drops a last partial batch (fewer rows than ranks) "
+        "that the other kept; resume on 1 ranks with the data settings of its meta.json `config.data`, or "
         "checkpoint.resume=none"
     )
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dlrm.config import OptimizerConfig
-from dlrm.schedule import lr_at, make_scheduler
+from dlrm.schedule import load_scheduler_state, lr_at, make_scheduler
 
 
 def _cfg(**kw) -> OptimizerConfig:
@@ -50,3 +50,25 @@ def test_decay_inside_warmup_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="optimizer.decay_start_step"):
         OptimizerConfig(warmup_steps=10, decay_start_step=5, decay_steps=5)
+
+
+def test_a_schedule_saved_with_other_param_groups_is_replayed_to_its_step() -> None:
+    """A checkpoint of a plan with two groups (tables, MLPs) resumed under one with three (data_parallel tables in
+    the dense optimizer): each group gets the rate of the saved step for its own base; same groups: as saved."""
+    cfg = OptimizerConfig(lr=0.5, warmup_steps=8)
+    p = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    saved_opt = torch.optim.SGD([{"params": [p[0]], "lr": 0.5}, {"params": [p[1]], "lr": 0.1}])
+    saved = make_scheduler(saved_opt, cfg)
+    for _ in range(5):
+        saved_opt.step()
+        saved.step()
+    state = saved.state_dict()
+    groups = [{"params": [p[0]], "lr": 0.5}, {"params": [p[1]], "lr": 0.1}, {"params": [p[2]], "lr": 0.5}]
+    opt = torch.optim.SGD(groups)
+    sched = make_scheduler(opt, cfg)
+    load_scheduler_state(sched, state)
+    want = [lr_at(5, b, cfg) for b in (0.5, 0.1, 0.5)]
+    assert sched.last_epoch == 5 and sched.get_last_lr() == want == [g["lr"] for g in opt.param_groups]
+    same = make_scheduler(torch.optim.SGD([{"params": [p[0]], "lr": 0.5}, {"params": [p[1]], "lr": 0.1}]), cfg)
+    load_scheduler_state(same, state)
+    assert same.state_dict() == state
