@@ -940,8 +940,8 @@ class TrainerConfig:
     on_nonfinite: str = "stop"
     """``stop``: a NaN or inf loss ends the run (exit 1), naming the step, the batch's rows and the last finite
     metrics; the losses are checked at every log window and before every checkpoint and evaluation, so no
-    checkpoint holds diverged weights. ``skip_batch``: also drop batches whose inputs are not finite (their update
-    is zeroed on the device)."""
+    checkpoint is saved after a step whose loss was not finite. ``skip_batch``: also drop batches whose inputs are
+    not finite (their update is zeroed on the device)."""
 
     def __post_init__(self) -> None:
         _check(

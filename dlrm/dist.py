@@ -47,7 +47,8 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
     launcher shows each process one GPU (``CUDA_VISIBLE_DEVICES`` per task, as Slurm's ``--gpus-per-task=1``).
 
     Raises:
-        ConfigError: ``cuda`` without a GPU; more local ranks than visible GPUs (two ranks would share one).
+        ConfigError: ``cuda`` without a GPU; several GPUs visible but fewer than the local ranks (two ranks would
+            share one; with one visible GPU each process is taken to have its own, and NCCL refuses a shared one).
     """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"

@@ -278,7 +278,8 @@ def test_target_auc_stops_training_early(tmp_path: Path) -> None:
 
 def test_nonfinite_loss_stops_with_step_position_and_saves_no_diverged_checkpoint(tmp_path: Path) -> None:
     """A checkpoint every step and a log window of 8: the divergence is caught before the first save after it
-    (not at the window's end), so every checkpoint left holds finite weights; one `error:` line, exit 1."""
+    (not at the window's end), so no checkpoint is saved after a step whose loss was not finite; one `error:`
+    line, exit 1."""
     d = tmp_path / "run"
     small = [o for o in SMALL if not o.startswith("logger.log_every_n_steps")]
     overrides = ["logger.log_every_n_steps=8", "checkpoint.every_n_steps=1", "checkpoint.async_save=false"]
