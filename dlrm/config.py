@@ -19,6 +19,7 @@ import dataclasses
 import importlib.util
 import inspect
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
@@ -1089,16 +1090,35 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
+def unknown_key_error(path: str) -> Optional[ConfigError]:
+    """The error for a dotted ``path`` that names no schema field (listing the keys its section has), or None when
+    the field exists."""
+    schema: Any = Config
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        names = {f.name: f for f in dataclasses.fields(schema)}
+        if part not in names:
+            section = ".".join(parts[:i])
+            return ConfigError(
+                f"config key `{path}` is not a known setting; the keys of `{section or 'the top level'}` are: "
+                f"{', '.join(sorted(names))}"
+            )
+        sub = names[part].default_factory
+        if not (isinstance(sub, type) and dataclasses.is_dataclass(sub)):
+            return None
+        schema = sub
+    return None
+
+
 def _reject_unknown_keys(node: Any, schema: Any, prefix: str) -> None:
     """Hydra's ``+key=value`` can add keys that no schema field takes; refuse them rather than drop them."""
     names = {f.name: f for f in dataclasses.fields(schema)}
     for key in node.keys():
         path = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(
-                f"config key `{path}` is not a known setting; the keys of `{prefix.rstrip('.') or 'the top level'}`"
-                f" are: {', '.join(sorted(names))}"
-            )
+            err = unknown_key_error(path)
+            assert err is not None
+            raise err
         ftype = names[key].default_factory if names[key].default_factory is not dataclasses.MISSING else None
         if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
             _reject_unknown_keys(node[key], ftype, path + ".")
@@ -1142,10 +1162,15 @@ def error_line(e: BaseException) -> str:
     """``e`` as the one line a command prints after ``error:``: runs of whitespace collapsed (Hydra's messages
     span lines); a Hydra override error whose cause is an OmegaConf one gets that cause's first line, which says
     what is wrong with the value (``Error merging override data.batch_size=abc (Value 'abc' of type 'str' could
-    not be converted to Integer)``)."""
+    not be converted to Integer)``). A misspelt key is named with the keys its section has: Hydra's advice to
+    add it with ``+`` would only meet :func:`unknown_key_error` next."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    misspelt = re.match(r"Could not override '([\w.]+)'", str(e)) if isinstance(e, HydraException) else None
+    unknown = unknown_key_error(misspelt.group(1)) if misspelt else None
+    if unknown is not None:
+        return str(unknown)
     text = " ".join(str(e).split()).split(" Config search path:")[0]  # Hydra appends its search path
     cause = e.__cause__
     if isinstance(e, HydraException) and isinstance(cause, OmegaConfBaseException) and str(cause).strip():

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, ConfigError, InputError, compose, to_config
+from dlrm.config import (
+    MLPERF_MULTI_HOT_SIZES,
+    MLPERF_NUM_EMBEDDINGS,
+    ConfigError,
+    DataConfig,
+    InputError,
+    compose,
+    to_config,
+)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
@@ -219,8 +227,13 @@ def test_wandb_sink_without_the_package_is_refused_when_the_config_loads(monkeyp
         ),
         (
             ["data.nokey=1"],
-            "Could not override 'data.nokey'. To append to your config use +data.nokey=1 (Key 'nokey' not in "
-            "'DataConfig')",
+            "config key `data.nokey` is not a known setting; the keys of `data` are: "
+            + ", ".join(f.name for f in sorted(dataclasses.fields(DataConfig), key=lambda f: f.name)),
+        ),
+        (  # a table of sharding.constraints is added with `+`, as Hydra says (docs/sharding.md)
+            ["sharding.constraints.t_cat_0.sharding_types=[row_wise]"],
+            "Could not override 'sharding.constraints.t_cat_0.sharding_types'. To append to your config use "
+            "+sharding.constraints.t_cat_0.sharding_types=[row_wise] (Key 't_cat_0' is not in struct)",
         ),
         (
             ["model=nosuch"],

@@ -6,6 +6,7 @@ Run: ``.venv/bin/python -m pytest -q tests/test_plan.py``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -18,7 +19,7 @@ import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from conftest import REPO, dense_param_count
-from dlrm.config import compose, to_config
+from dlrm.config import DataConfig, compose, to_config
 from dlrm.model import build_model
 from dlrm.plan import plan_job
 from dlrm.sharding import (
@@ -562,8 +563,8 @@ def test_a_list_constraint_takes_one_bare_value() -> None:
     [
         (
             ["data.batchsize=3"],
-            "error: Could not override 'data.batchsize'. To append to your config use +data.batchsize=3 "
-            "(Key 'batchsize' not in 'DataConfig')",
+            "error: config key `data.batchsize` is not a known setting; the keys of `data` are: "
+            + ", ".join(sorted(f.name for f in dataclasses.fields(DataConfig))),
         ),
         (
             ["data.batch_size=abc"],
