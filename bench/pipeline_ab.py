@@ -70,13 +70,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrm.config import (
     MLPERF_MULTI_HOT_SIZES,
     MLPERF_NUM_EMBEDDINGS,
-    NUM_DENSE_FEATURES,
     ModelConfig,
     OffloadConfig,
     OptimizerConfig,
     PipelineConfig,
 )
-from dlrm.model import FEATURE_NAMES, build_model, table_configs
+from dlrm.model import FEATURE_NAMES, build_model, table_configs, torchrec_dlrm
 from dlrm.offload import offload_constraints
 from dlrm.pipeline import build_pipeline
 from dlrm.sharding import dense_params, fuse_embedding_optimizer
@@ -181,21 +180,11 @@ def make_batches(
 def stock_model(mc: ModelConfig, device: torch.device) -> torch.nn.Module:
     """TorchRec's own ``DLRMTrain(DLRM_DCN)``, tables on the meta device for DMP, as the MLPerf reference builds it:
     none of the trainer's model code (its sparse arch, autocast wrapper or batch checks)."""
-    from torchrec.models.dlrm import DLRM_DCN
     from torchrec.models.dlrm import DLRMTrain as TorchRecDLRMTrain
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    return TorchRecDLRMTrain(
-        DLRM_DCN(
-            embedding_bag_collection=EmbeddingBagCollection(tables=table_configs(mc), device=torch.device("meta")),
-            dense_in_features=NUM_DENSE_FEATURES,
-            dense_arch_layer_sizes=list(mc.dense_arch_layer_sizes),
-            over_arch_layer_sizes=list(mc.over_arch_layer_sizes),
-            dcn_num_layers=mc.dcn_num_layers,
-            dcn_low_rank_dim=mc.dcn_low_rank_dim,
-            dense_device=device,
-        )
-    )
+    ebc = EmbeddingBagCollection(tables=table_configs(mc), device=torch.device("meta"))
+    return TorchRecDLRMTrain(torchrec_dlrm(mc, ebc, device))
 
 
 class Runner:

@@ -554,6 +554,29 @@ class BucketedDenseArch(DenseArch):
         return self.model(self.buckets(features))
 
 
+def torchrec_dlrm(cfg: ModelConfig, ebc: EmbeddingBagCollection, dense_device: Optional[torch.device]) -> DLRM:
+    """TorchRec's network for ``cfg`` as TorchRec builds it: ``DLRM_DCN`` (``model.interaction=dcn``) or ``DLRM``
+    (``dot``) over ``ebc``, dense parameters on ``dense_device``. :func:`build_model` changes parts of it; the
+    stock baseline of ``bench/`` uses it as it is."""
+    if cfg.interaction == "dcn":
+        return DLRM_DCN(
+            embedding_bag_collection=ebc,
+            dense_in_features=NUM_DENSE_FEATURES,
+            dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
+            over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
+            dcn_num_layers=cfg.dcn_num_layers,
+            dcn_low_rank_dim=cfg.dcn_low_rank_dim,
+            dense_device=dense_device,
+        )
+    return DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=NUM_DENSE_FEATURES,
+        dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
+        over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
+        dense_device=dense_device,
+    )
+
+
 def build_model(
     cfg: ModelConfig,
     dense_device: Optional[torch.device] = None,
@@ -583,24 +606,7 @@ def build_model(
     """
     perf = perf or PerfConfig()
     ebc = EmbeddingBagCollection(tables=table_configs(cfg, perf.embedding_dtype), device=table_device)
-    if cfg.interaction == "dcn":
-        net: DLRM = DLRM_DCN(
-            embedding_bag_collection=ebc,
-            dense_in_features=NUM_DENSE_FEATURES,
-            dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
-            over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
-            dcn_num_layers=cfg.dcn_num_layers,
-            dcn_low_rank_dim=cfg.dcn_low_rank_dim,
-            dense_device=dense_device,
-        )
-    else:
-        net = DLRM(
-            embedding_bag_collection=ebc,
-            dense_in_features=NUM_DENSE_FEATURES,
-            dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
-            over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
-            dense_device=dense_device,
-        )
+    net = torchrec_dlrm(cfg, ebc, dense_device)
     if cfg.dense_buckets:  # built after the network, so the other modules start as without buckets for a seed
         net.dense_arch = BucketedDenseArch(
             NUM_DENSE_FEATURES,
