@@ -885,9 +885,12 @@ class Checkpointer:
         runs on every rank before either save (the trainer's check for a diverged loss: it raises, and nothing
         is written)."""
         self._poll()
-        if self.cfg.save_on_sigterm and self._agree_sigterm():
-            if before_save is not None:
-                before_save()
+        sigterm = self.cfg.save_on_sigterm and self._agree_sigterm()
+        every = self.cfg.every_n_steps
+        due = bool(every) and (state.step % every == 0 or state.step == self.run.total_steps)
+        if (sigterm or due) and before_save is not None:
+            before_save()
+        if sigterm:
             self.save(state, block=True)
             self.preempted = True
             self.preempt_message = (
@@ -896,10 +899,7 @@ class Checkpointer:
             )
             log.warning(self.preempt_message)
             return True
-        every = self.cfg.every_n_steps
-        if every and (state.step % every == 0 or state.step == self.run.total_steps):
-            if before_save is not None:
-                before_save()
+        if due:
             self.save(state, block=not self.cfg.async_save)
         return False
 

@@ -1090,23 +1090,31 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
+def _section_schema(field_: Any) -> Optional[type]:
+    """The schema class of a field that is a nested section (a dataclass default factory), else None."""
+    sub = field_.default_factory
+    return sub if isinstance(sub, type) and dataclasses.is_dataclass(sub) else None
+
+
+def _unknown_key(path: str, section: str, names: Any) -> ConfigError:
+    return ConfigError(
+        f"config key `{path}` is not a known setting; the keys of `{section or 'the top level'}` are: "
+        f"{', '.join(sorted(names))}"
+    )
+
+
 def unknown_key_error(path: str) -> Optional[ConfigError]:
     """The error for a dotted ``path`` that names no schema field (listing the keys its section has), or None when
-    the field exists."""
-    schema: Any = Config
+    the field exists (or lies below a field that is not a section, such as ``sharding.constraints``)."""
+    schema: Optional[type] = Config
     parts = path.split(".")
     for i, part in enumerate(parts):
-        names = {f.name: f for f in dataclasses.fields(schema)}
+        names = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
         if part not in names:
-            section = ".".join(parts[:i])
-            return ConfigError(
-                f"config key `{path}` is not a known setting; the keys of `{section or 'the top level'}` are: "
-                f"{', '.join(sorted(names))}"
-            )
-        sub = names[part].default_factory
-        if not (isinstance(sub, type) and dataclasses.is_dataclass(sub)):
+            return _unknown_key(path, ".".join(parts[:i]), names)
+        schema = _section_schema(names[part])
+        if schema is None:
             return None
-        schema = sub
     return None
 
 
@@ -1116,12 +1124,10 @@ def _reject_unknown_keys(node: Any, schema: Any, prefix: str) -> None:
     for key in node.keys():
         path = f"{prefix}{key}"
         if key not in names:
-            err = unknown_key_error(path)
-            assert err is not None
-            raise err
-        ftype = names[key].default_factory if names[key].default_factory is not dataclasses.MISSING else None
-        if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
-            _reject_unknown_keys(node[key], ftype, path + ".")
+            raise _unknown_key(path, prefix.rstrip("."), names)
+        sub = _section_schema(names[key])
+        if sub is not None:
+            _reject_unknown_keys(node[key], sub, path + ".")
 
 
 def to_config(cfg: DictConfig | Any) -> Config:
@@ -1156,6 +1162,18 @@ def compose(overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir or CONF_DIR, version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def output_file_problem(path: str) -> Optional[str]:
+    """Why ``path`` cannot name a file for a command to write: ``empty``, ``a directory``, or ``no such directory
+    '<dir>'``; None when it can (its directory exists). The command lines check their output path with it before
+    any work."""
+    if not path:
+        return "empty"
+    if os.path.isdir(path):
+        return "a directory"
+    where = os.path.dirname(path) or "."
+    return None if os.path.isdir(where) else f"no such directory {where!r}"
 
 
 def error_line(e: BaseException) -> str:

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint import CheckpointError, resolve_checkpoint, unreadable_data, verify_checkpoint
+from dlrm.config import output_file_problem
 
 
 def _checkpoint_dir(path: str) -> str:
@@ -82,14 +83,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("checkpoint", help="a step_<N> checkpoint directory, or a directory holding some")
     ap.add_argument("out", help="output .pt file (a plain state dict)")
     args = ap.parse_args(argv)
-    where = os.path.dirname(args.out) or "."
-    bad = None
-    if os.path.isdir(args.out) or not args.out:
-        bad = f"{'a directory' if args.out else 'empty'}; give the path of the .pt file to write"
-    elif not os.path.isdir(where):
-        bad = f"no such directory {where!r}; create it or pass another path"
-    if bad is not None:
-        print(f"error: OUT {args.out!r}: {bad}", file=sys.stderr)
+    why = output_file_problem(args.out)
+    if why is not None:
+        missing_dir = why.startswith("no such directory")
+        fix = "create it or pass another path" if missing_dir else "give the path of the .pt file to write"
+        print(f"error: OUT {args.out!r}: {why}; {fix}", file=sys.stderr)
         return 2
     try:
         path = _checkpoint_dir(args.checkpoint)

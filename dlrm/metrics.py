@@ -257,15 +257,15 @@ class MetricWindow:
         Collective when the process group has several ranks."""
         losses = torch.stack(self.losses)
         oks = torch.stack(self.oks)
-        finite = torch.isfinite(losses)
-        kept = oks & finite
+        diverged = self._diverged(losses, oks)
+        kept = oks & ~diverged
         # per step: 1 where the loss is non-finite on this rank; summed over ranks below
         vec = torch.cat(
             [
                 torch.where(kept, losses, torch.zeros_like(losses)).sum().reshape(1),
                 kept.float().sum().reshape(1),
                 (~oks).float().sum().reshape(1),
-                ((~finite) & oks).float(),
+                diverged.float(),
             ]
         ).double()
         if _dist_on():
@@ -291,6 +291,12 @@ class MetricWindow:
         self.restart_clock()
         return out
 
+    @staticmethod
+    def _diverged(losses: torch.Tensor, oks: torch.Tensor) -> torch.Tensor:
+        """Per step (``losses`` float ``[steps]``, ``oks`` bool ``[steps]``), on this rank: a kept step (not
+        skipped) whose loss is not finite."""
+        return ~torch.isfinite(losses) & oks
+
     def first_nonfinite(self) -> Optional[int]:
         """The first step (0-based in the window) whose loss is non-finite on any rank, skipped steps aside; None
         when there is none or the window is empty. Collective when the process group has several ranks (every
@@ -298,7 +304,7 @@ class MetricWindow:
         neither runs on weights that a diverged step has already updated."""
         if not self.losses:
             return None
-        bad = ((~torch.isfinite(torch.stack(self.losses))) & torch.stack(self.oks)).float()
+        bad = self._diverged(torch.stack(self.losses), torch.stack(self.oks)).float()
         if _dist_on():
             dist.all_reduce(bad)
         hits = torch.nonzero(bad).flatten().tolist()

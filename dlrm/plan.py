@@ -34,7 +34,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from dlrm import estimate as est
-from dlrm.config import Config, ConfigError, InputError, compose, error_line, to_config
+from dlrm.config import Config, ConfigError, InputError, compose, error_line, output_file_problem, to_config
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
@@ -188,14 +188,11 @@ def _check_out(out: str) -> None:
     Raises:
         ConfigError: ``out`` is empty or a directory, or its directory does not exist or is not writable.
     """
+    why = output_file_problem(out)
     where = os.path.dirname(out) or "."
-    if not out or os.path.isdir(out):
-        why = "a directory" if out else "empty"
-    elif not os.path.isdir(where):
-        why = f"no such directory {where!r}"
-    elif not os.access(where, os.W_OK):
+    if why is None and not os.access(where, os.W_OK):
         why = f"directory {where!r} is not writable"
-    else:
+    if why is None:
         return
     raise ConfigError(f"config key `out`: {out!r}: {why}; give the plan.json file to write, e.g. out=plan.json")
 

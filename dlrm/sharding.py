@@ -450,9 +450,7 @@ class PlanInfo:
     source: str = "planner"
 
 
-def _apply_constraint_kernels(
-    pi: PlanInfo, wanted: Optional[Dict[str, ParameterConstraints]], cfg: ShardingConfig
-) -> None:
+def _apply_constraint_kernels(pi: PlanInfo, wanted: Dict[str, ParameterConstraints], path: str) -> None:
     """Hold a loaded plan to the kernels and cache parameters the constraint hook sets (host offload): a table
     ``offload.*`` puts in host memory must have that kernel in the plan, and gets the hook's ``CacheParams``
     (``plan.json`` records placements, not cache settings), so a plan and a resumed run keep ``offload.*``.
@@ -462,12 +460,12 @@ def _apply_constraint_kernels(
     """
     for module_plan in pi.plan.plan.values():
         for name, ps in module_plan.items():  # type: ignore[union-attr]
-            c = (wanted or {}).get(name)
+            c = wanted.get(name)
             if c is None or not c.compute_kernels:
                 continue
             if ps.compute_kernel not in c.compute_kernels:
                 raise PlanError(
-                    f"config key `sharding.plan_path`: table {name} is {ps.compute_kernel} in {cfg.plan_path}, but "
+                    f"config key `sharding.plan_path`: table {name} is {ps.compute_kernel} in {path}, but "
                     f"offload.* puts it on {c.compute_kernels[0]}; write the plan with the same offload.* keys "
                     "(python -m dlrm.plan ... out=plan.json), or drop sharding.plan_path to re-plan"
                 )
@@ -510,7 +508,8 @@ def plan_model(
             load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap), tables
         )
         if constraint_hook is not None:
-            _apply_constraint_kernels(pi, constraint_hook({t.name: ParameterConstraints() for t in tables}), cfg)
+            wanted = constraint_hook({t.name: ParameterConstraints() for t in tables}) or {}
+            _apply_constraint_kernels(pi, wanted, cfg.plan_path)
         return pi
     sharder = EmbeddingBagSharder()
     constraints = build_constraints(cfg, tables, device.type, pooling_factors, sharder)

@@ -406,6 +406,15 @@ class BinaryMultiHot:
         return sum(t.numel() * t.element_size() for t in self.device_tables if t is not None)
 
 
+def _no_materialized(root: str, which: str, record: Any) -> BinaryFormatError:
+    """Materialized multi-hot asked for (``which``: for what sizes and seed) that ``root`` does not have."""
+    return BinaryFormatError(
+        f"config key `data.multi_hot_source`: {root} has no materialized multi-hot{which} ({META}: "
+        f"{record or 'none'}); run `python data/preprocess_criteo.py multihot --out {root} --mode materialize` or "
+        "set data.multi_hot_source=on_the_fly"
+    )
+
+
 def reads_materialized(root: str, meta: Dict[str, Any], source: str, sizes: Sequence[int], seed: int) -> bool:
     """Whether ``data.multi_hot_source`` = ``source`` reads the dataset's ``day_*_sparse_multi_hot.npy``:
     ``materialized`` always, ``auto`` when ``meta`` records them for ``sizes`` and ``seed``, ``on_the_fly`` never.
@@ -418,11 +427,7 @@ def reads_materialized(root: str, meta: Dict[str, Any], source: str, sizes: Sequ
     mat = meta.get("multi_hot") or {}
     have = bool(mat.get("materialized")) and mat.get("sizes") == list(sizes) and mat.get("seed") == seed
     if source == "materialized" and not have:
-        raise BinaryFormatError(
-            f"config key `data.multi_hot_source`: {root} has no materialized multi-hot for sizes "
-            f"{list(sizes)} seed {seed} ({META}: {mat or 'none'}); run `python data/preprocess_criteo.py multihot "
-            f"--out {root} --mode materialize` or set data.multi_hot_source=on_the_fly"
-        )
+        raise _no_materialized(root, f" for sizes {list(sizes)} seed {seed}", mat)
     return have
 
 
@@ -840,11 +845,7 @@ def load_splits(
     """
     meta = read_meta(root)
     if multi_hot_files and not (meta["multi_hot"] or {}).get("materialized"):
-        raise BinaryFormatError(
-            f"config key `data.multi_hot_source`: {root} has no materialized multi-hot ({META}: "
-            f"{meta['multi_hot'] or 'none'}); run `python data/preprocess_criteo.py multihot --out {root} --mode "
-            "materialize` or set data.multi_hot_source=on_the_fly"
-        )
+        raise _no_materialized(root, "", meta["multi_hot"])
     if [int(r) for r in meta["table_rows"]] != [int(r) for r in table_rows]:
         raise BinaryFormatError(
             f"config key `model.num_embeddings_per_feature` / `model.row_cap`: the model's table rows "
