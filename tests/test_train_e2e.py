@@ -128,14 +128,16 @@ def test_bad_input_fails_fast_with_file_and_line(tmp_path: Path, content, overri
             override.format(tmp=tmp_path),
         ]
     )
-    _assert_one_error_line(p, match)
+    one_error_line(p, match)
 
 
-def _assert_one_error_line(p: subprocess.CompletedProcess, match: str) -> None:
-    """Bad input: exit 2 and one ``error:`` line on stderr, no traceback (dlrm/cli.py)."""
-    assert p.returncode == 2, p.stdout + p.stderr
+def one_error_line(p: subprocess.CompletedProcess, match: str, status: int = 2) -> str:
+    """A run ended by ``dlrm/cli.py``: exit ``status`` (2: bad input; 1: a diverged loss) with one ``error:`` line on
+    stderr that ``match`` finds, and no traceback; returns that line."""
+    assert p.returncode == status, p.stdout + p.stderr
     errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.search(match, errors[0]) and "Traceback" not in p.stderr, p.stderr
+    return errors[0]
 
 
 def test_dedicated_input_dist_group_trains_and_offload_needs_cuda(tmp_path: Path) -> None:
@@ -158,7 +160,7 @@ def test_dedicated_input_dist_group_trains_and_offload_needs_cuda(tmp_path: Path
     assert [r["step"] for r in records(d) if "loss" in r] == [5, 10]
     assert "input dist of 1 sharded module(s) on a dedicated process group" in p.stdout + p.stderr
     p = run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'uvm'}", "device=cpu", "offload=uvm"])
-    _assert_one_error_line(p, re.escape("config key `offload.name`: offload=uvm needs CUDA"))
+    one_error_line(p, re.escape("config key `offload.name`: offload=uvm needs CUDA"))
 
 
 def test_a_launch_without_a_rendezvous_is_one_error_line(tmp_path: Path) -> None:
@@ -172,7 +174,7 @@ def test_a_launch_without_a_rendezvous_is_one_error_line(tmp_path: Path) -> None
         text=True,
         timeout=120,
     )
-    _assert_one_error_line(
+    one_error_line(
         p,
         re.escape(
             "error: environment: WORLD_SIZE=2 but MASTER_ADDR is unset, so the ranks cannot meet; launch with "
