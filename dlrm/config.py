@@ -695,7 +695,8 @@ class PerfConfig:
     promotes every layer's output) or ``autocast`` (bias and ``x_0`` cast to the products' dtype:
     ``dlrm.model.AutocastLowRankCrossNet``; same parameters). Needs ``perf.autocast`` and ``model.interaction=dcn``."""
     tf32: bool = True
-    """Allow TF32 matrix products for fp32 work on CUDA (MLPerf reference: on); ignored on CPU."""
+    """Allow TF32 matrix products for fp32 work on CUDA (the MLPerf reference's ``--allow_tf32``, off there by
+    default); ignored on CPU."""
     compile: bool = False
     """``torch.compile`` the dense arch, the interaction, the over arch and the loss as one graph (the modules
     are not wrapped: parameter names and checkpoints are unchanged); each new batch size compiles once."""
@@ -961,14 +962,16 @@ class EvalConfig:
     every_n_steps: Optional[int] = None
     """Validate every this many steps (null: see ``eval.per_epoch``)."""
     per_epoch: Optional[int] = None
-    """Validate this many times per epoch, every ``floor(steps_per_epoch / per_epoch)`` steps (MLPerf: 20);
-    exclusive with ``eval.every_n_steps``."""
+    """Validate this many times per epoch, every ``floor(training rows / (global batch * per_epoch))`` steps
+    (at least 1; the MLPerf reference's rule, 20 per epoch); exclusive with ``eval.every_n_steps``."""
     at_end: bool = True
-    """Validate after the last step; the test split, if any, is scored at the end either way."""
+    """Validate after the last step too (the MLPerf recipe does not: its 20th validation is its last); the test
+    split, if any, is scored at the end either way."""
     batch_size: Optional[int] = None
     """Per-rank evaluation batch (null: ``data.batch_size``)."""
     target_auc: Optional[float] = None
-    """Stop once validation AUC reaches this (MLPerf: 0.80275); null: never."""
+    """Stop once validation AUC reaches this (MLPerf: 0.80275); null: never. A histogram AUC must reach it by more
+    than its error bound (``val_auc_bound`` in metrics.jsonl), so the exact AUC reaches it too."""
     auc_method: str = "auto"
     """``exact`` (every prediction gathered; equals sklearn), ``histogram`` (16 MB of counts per rank, within
     1e-4 of sklearn in tests) or ``auto`` (exact up to 16 M evaluation rows)."""

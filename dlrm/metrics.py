@@ -9,8 +9,9 @@ Two AUC methods:
   the predicted probability (the low 10 mantissa bits dropped: 1,040,385 buckets of relative width 2^-13, so
   resolution is relative, fine for CTRs of 0.1% as for 50%); the counts are all-reduced (16.6 MB) and the AUC
   is read off the two histograms, pairs in one bucket counting one half. Error against sklearn is at most half
-  the share of positive-negative pairs that share a bucket; tests check <= 1e-4 on 10^6 clustered CTR-like
-  predictions. Memory is fixed whatever the row count, so MLPerf's 89,137,319 evaluation rows fit.
+  the share of positive-negative pairs that share a bucket (``auc_bound``, computed with the AUC); tests check
+  <= 1e-4 on 10^6 clustered CTR-like predictions. Memory is fixed whatever the row count, so MLPerf's 89,137,319
+  evaluation rows fit.
 
 Why our own histogram rather than torchmetrics' binned ``BinaryAUROC(thresholds=T)``: that one keeps a
 ``[N, T]`` comparison per update (O(N x T) memory and time) and uses linear thresholds, whose error is unbounded
@@ -78,6 +79,7 @@ class AUCHistogram:
     def __init__(self, device: torch.device) -> None:
         self.pos = torch.zeros(NUM_BUCKETS, dtype=torch.int64, device=device)
         self.neg = torch.zeros(NUM_BUCKETS, dtype=torch.int64, device=device)
+        self.bound = float("nan")  # set by compute(): the most the AUC can differ from the exact one
 
     def reset(self) -> None:
         """Zero both count vectors (this rank's only)."""
@@ -98,7 +100,9 @@ class AUCHistogram:
         self.neg += torch.bincount(keys[~y], minlength=NUM_BUCKETS)
 
     def compute(self) -> float:
-        """AUC over all ranks (all-reduces the counts in place first); NaN when a class is absent."""
+        """AUC over all ranks (all-reduces the counts in place first); NaN when a class is absent. Sets
+        :attr:`bound`: half the share of positive-negative pairs in one bucket, the most the exact AUC can differ
+        (such a pair counts one half here, 0, 1 or one half there)."""
         if _dist_on():
             both = torch.stack([self.pos, self.neg])
             dist.all_reduce(both)
@@ -109,7 +113,9 @@ class AUCHistogram:
         if n_pos == 0 or n_neg == 0:
             return float("nan")
         neg_below = torch.cumsum(neg, 0) - neg
-        return float(((pos * neg_below).sum() + 0.5 * (pos * neg).sum()) / (n_pos * n_neg))
+        same = float((pos * neg).sum())
+        self.bound = 0.5 * same / (n_pos * n_neg)
+        return float(((pos * neg_below).sum() + 0.5 * same) / (n_pos * n_neg))
 
 
 def _entropy(p: float) -> float:
@@ -167,16 +173,20 @@ class EvalAccumulator:
         """Metrics over all ranks, the same on every rank.
 
         Returns:
-            ``auc``; ``logloss`` (mean BCE in nats); ``ne`` (normalized entropy: logloss divided by the entropy of
-            the mean label, < 1 beats predicting the average CTR); ``accuracy`` (threshold 0.5); ``calibration``
-            (mean prediction / mean label, 1 is calibrated); ``ctr`` (mean label); ``samples`` (int).
+            ``auc``; ``auc_bound`` (how far the exact AUC can be from it: 0 for ``exact``, the histogram's
+            :attr:`AUCHistogram.bound`); ``logloss`` (mean BCE in nats); ``ne`` (normalized entropy: logloss divided
+            by the entropy of the mean label, < 1 beats predicting the average CTR); ``accuracy`` (threshold 0.5);
+            ``calibration`` (mean prediction / mean label, 1 is calibrated); ``ctr`` (mean label); ``samples``
+            (int).
         """
         sums = self.sums.clone()
         if _dist_on():
             dist.all_reduce(sums)
         bce, n, n_pos, p_sum, correct = (float(x) for x in sums)
+        bound = 0.0
         if self.hist is not None:
             auc = self.hist.compute()
+            bound = self.hist.bound
         else:
             preds = torch.cat(self.preds) if self.preds else torch.zeros(0, device=self.device)
             labels = torch.cat(self.labels) if self.labels else torch.zeros(0, device=self.device)
@@ -186,6 +196,7 @@ class EvalAccumulator:
         logloss = bce / n if n else nan
         return {
             "auc": auc,
+            "auc_bound": bound,
             "logloss": logloss,
             "ne": logloss / _entropy(ctr) if n else nan,
             "accuracy": correct / n if n else nan,

@@ -1,21 +1,23 @@
 """MLPerf ``mllog`` lines for the ``dlrm_dcnv2`` benchmark, written with the ``mlperf-logging`` package.
 
 Turned on by ``logger=[stdout,jsonl,mlperf]`` (``logger.mlperf.enabled=true``); rank 0 writes
-``<run_dir>/mlperf.log``. Check a run with the package's compliance checker (ruleset 5.1.0 is the last one with
-dlrm_dcnv2)::
+``<run_dir>/mlperf.log``. Check a run with the package's compliance checker (rulesets 5.1.0 and 6.0.0 hold
+dlrm_dcnv2, with the same rules; 6.1.0 has none)::
 
     python -m mlperf_logging.compliance_checker --usage training --ruleset 5.1.0 <run_dir>/mlperf.log
 
 What is logged (keys from ``mlperf_logging.mllog.constants``): cache_clear, init_start/stop, the submission keys,
-the hyperparameters the dlrm_dcnv2 rules check (global_batch_size, opt_name adagrad, opt_base_learning_rate,
-opt_adagrad_learning_rate_decay 0, opt_weight_decay 0, opt_adagrad_initial_accumulator_value 0,
-opt_adagrad_epsilon, the warmup/decay steps), train_samples, eval_samples, gradient_accumulation_steps 1, and
+seed, the hyperparameters the dlrm_dcnv2 rules check (global_batch_size, opt_name adagrad, opt_base_learning_rate,
+opt_adagrad_learning_rate_decay 0, opt_weight_decay 0, opt_adagrad_initial_accumulator_value 0, opt_adagrad_epsilon,
+the warmup/decay steps), train_samples, eval_samples, gradient_accumulation_steps 1, and
 opt_sparse_base_learning_rate when :meth:`MlperfLogger.hyperparameters` is given the tables' own rate
-(``optimizer.sparse_lr``; the dlrm_dcnv2 rules do not check this key), run_start, block_start/stop per
-evaluation interval, eval_start/eval_accuracy/eval_stop with ``epoch_num`` as a fraction of the epoch (MLPerf:
-0.05 ... 1.0 with 20 evaluations per epoch), run_stop with status success or aborted: the trainer logs success
-when ``eval.target_auc`` was reached, and also when it is null (a run without a target that trained to its end),
-aborted when a target was set and not reached; a run that SIGTERM ends early logs no run_stop.
+(``optimizer.sparse_lr``; the dlrm_dcnv2 rules do not check this key), run_start, block_start/stop per evaluation
+interval, eval_start (before the evaluation) and eval_accuracy/eval_stop (after it) with ``epoch_num`` as a fraction
+of the epoch (MLPerf: 0.05 ... 1.0 with 20 evaluations per epoch), run_stop with status success or aborted: the
+trainer logs success when ``eval.target_auc`` was reached, and also when it is null (a run without a target that
+trained to its end), aborted when a target was set and not reached, as training ends (before the final checkpoint
+and any test split, which are not timed); a run that SIGTERM ends early logs no run_stop.
+``cache_clear`` is logged as true: the MLPerf rules ask to flush the page cache before each run (README).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class MlperfLogger:
         self,
         *,
         global_batch: int,
+        seed: int,
         lr: float,
         eps: float,
         warmup: int,
@@ -77,6 +80,7 @@ class MlperfLogger:
 
         Args:
             global_batch: samples per step over all ranks.
+            seed: the run's ``seed`` (MLPerf rules: a new one per run, e.g. from ``/dev/urandom``).
             lr: base learning rate (``optimizer.lr``); eps: Adagrad epsilon.
             warmup, decay_start, decay_steps: the schedule's lengths and start, in steps.
             train_samples, eval_samples: rows of the training and validation splits.
@@ -87,6 +91,7 @@ class MlperfLogger:
             return
         c = self.c
         values: Dict[str, Any] = {
+            c.SEED: seed,
             c.GLOBAL_BATCH_SIZE: global_batch,
             c.GRADIENT_ACCUMULATION_STEPS: 1,
             c.OPT_NAME: c.ADAGRAD,
@@ -128,12 +133,17 @@ class MlperfLogger:
         if self.on:
             self._m.end(key=self.c.BLOCK_STOP, metadata={"first_epoch_num": epoch_num, "samples_count": samples})
 
+    def eval_start(self, epoch_num: float, samples: int) -> None:
+        """Log ``eval_start`` as a validation begins, at ``epoch_num`` (epochs trained, a fraction) with ``samples``
+        training samples seen over all ranks."""
+        if self.on:
+            self._m.start(key=self.c.EVAL_START, metadata={"epoch_num": epoch_num, "samples_count": samples})
+
     def eval(self, epoch_num: float, auc: float, samples: int) -> None:
-        """Log ``eval_start``, ``eval_accuracy`` (``auc``, the validation ROC AUC in [0, 1]) and ``eval_stop`` at
-        ``epoch_num`` (epochs trained, a fraction) with ``samples`` training samples seen over all ranks."""
+        """Log ``eval_accuracy`` (``auc``, the validation ROC AUC in [0, 1]) and ``eval_stop`` as a validation
+        ends (after :meth:`eval_start` with the same ``epoch_num`` and ``samples``)."""
         if self.on:
             meta = {"epoch_num": epoch_num, "samples_count": samples}
-            self._m.start(key=self.c.EVAL_START, metadata=meta)
             self._m.event(key=self.c.EVAL_ACCURACY, value=auc, metadata=meta)
             self._m.end(key=self.c.EVAL_STOP, metadata=meta)
 

@@ -12,7 +12,7 @@ config) and the early, clear errors. The planner still does placement and memory
 
 Try a plan without a GPU (the planner runs on the meta device for a CUDA topology)::
 
-    python -m dlrm.plan model=dlrm_v2 offload=uvm_caching pipeline=prefetch device=cuda sharding.hbm_cap_gb=131.3 \
+    python -m dlrm.plan model=dlrm_v2 offload=uvm_caching pipeline=prefetch device=cuda sharding.hbm_cap_gb=139.8 \
         sharding.ddr_cap_gb=512
 
 Rules: the compute kernels and ``CacheParams`` fields are TorchRec's (``torchrec.distributed.planner.types.

@@ -1,9 +1,9 @@
 """Plan a job without training: the TorchRec planner on the meta device, for any world size, on any machine.
 
-    python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=131.3 data.global_batch_size=65536
+    python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=139.8 data.global_batch_size=65536
     python -m dlrm.plan sharding=row_wise world_size=4 local_world_size=2 out=plan.json --link-gbps 400
     python -m dlrm.plan experiment=mlperf_dlrmv2 data.dataset_dir=DIR perf=fast world_size=8 device=cuda \
-        sharding.hbm_cap_gb=131.3 --estimate      # + an estimate of one MLPerf epoch and the time to the target
+        sharding.hbm_cap_gb=139.8 --estimate      # + an estimate of one MLPerf epoch and the time to the target
     python train.py sharding.plan_path=plan.json ...          # then train with exactly that plan
 
 Arguments are the trainer's Hydra overrides plus ``world_size=N`` (default 1), ``local_world_size=N`` (default:

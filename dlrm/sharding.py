@@ -4,7 +4,7 @@ optimizer fused into the TBE backward. Plans are printed as a table and saved / 
 
 Plan without training (any world size, meta device, no GPU needed)::
 
-    python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=131.3
+    python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=139.8
 
 What is ours and why: the planner, sharders, enumerator and cost model are TorchRec's. Ours are the mapping from
 config to ``ParameterConstraints`` with checks that fail at plan time naming the table and the fix (TorchRec
@@ -203,8 +203,8 @@ def topology(
         else:
             raise PlanError(
                 "config key `sharding.hbm_cap_gb`: planning for CUDA on a machine without a GPU needs "
-                "the device memory per rank, e.g. sharding.hbm_cap_gb=131.3 (H200, 141 GB) or 74.5 "
-                "(H100, 80 GB)"
+                "the device memory per rank in GiB, e.g. sharding.hbm_cap_gb=139.8 (H200: "
+                "torch.cuda.get_device_properties(0).total_memory / 2**30 on the GPU machine)"
             )
     return Topology(world_size=world_size, local_world_size=local_world_size, compute_device=device_type, **kwargs)
 

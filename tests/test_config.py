@@ -288,7 +288,8 @@ def test_validation_or_test_file_equal_to_the_training_file_is_refused(tmp_path:
 
 def test_mlperf_experiment_is_the_closed_recipe() -> None:
     """MLPerf Training rules for dlrm_dcnv2: global batch 65536 with lr 0.004, Adagrad eps 1e-8 on both sides,
-    element-wise on the tables, no schedule, 20 evaluations per epoch, target AUC 0.80275, the binary dataset."""
+    element-wise on the tables, no schedule, 20 evaluations per epoch (none after the last step), target AUC
+    0.80275, the binary dataset, a closed-division mllog."""
     c = to_config(compose(["experiment=mlperf_dlrmv2", "data.dataset_dir=/data/criteo_bin"]))
     assert (c.model.name, c.data.name, c.data.global_batch_size, c.data.multi_hot) == (
         "dlrm_v2",
@@ -305,5 +306,6 @@ def test_mlperf_experiment_is_the_closed_recipe() -> None:
         0,
         0,
     )
-    assert (c.eval.per_epoch, c.eval.every_n_steps, c.eval.target_auc) == (20, None, 0.80275)
+    assert (c.eval.per_epoch, c.eval.every_n_steps, c.eval.at_end, c.eval.target_auc) == (20, None, False, 0.80275)
     assert c.logger.mlperf.enabled and c.logger.stdout.enabled and c.eval.auc_method == "auto"
+    assert c.logger.mlperf.submission_division == "closed"

@@ -25,10 +25,33 @@ def test_epoch_and_target_by_hand() -> None:
     assert e.eval_per_epoch == pytest.approx(evals, rel=1e-12)
     assert e.epoch_low == pytest.approx(64014 * 0.008 + evals, rel=1e-12)
     assert e.epoch_high == pytest.approx(64014 * 0.009 + evals, rel=1e-12)
-    assert e.target_high == pytest.approx(0.75 * (64014 * 0.009 + evals), rel=1e-12)
+    assert e.epochs_to_target == 0.7911  # the reference convergence points at global batch 65536
+    assert e.target_high == pytest.approx(0.7911 * (64014 * 0.009 + evals), rel=1e-12)
     text = est.format_estimate(e, "given")
     assert text.startswith("ESTIMATE (arithmetic on measured figures, not a measurement) for 8 x H200")
-    assert "8.00-9.00 ms" in text and "7.3-8.2 M samples/s" in text and "HugeCTR" in text
+    assert "8.00-9.00 ms" in text and "0.91-1.02 M samples/s per GPU of training time" in text  # 8192 / 9, 8 ms
+    assert "to AUC 0.80275 (0.791 epoch" in text and "MLPerf Training v5.0: 3.44 min" in text
+
+
+def test_epochs_to_target_are_the_reference_convergence_points() -> None:
+    """:data:`RCP_EPOCHS` are the olympic means of the RCP file of the pinned mlperf-logging, as its rcp_checker.py
+    scores them (the lowest and the highest run dropped); between batches they are interpolated linearly."""
+    import json
+    import os
+
+    import mlperf_logging
+
+    path = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_5.1.0")
+    with open(os.path.join(path, "rcps_dlrm_dcnv2.json"), encoding="utf-8") as f:
+        rcps = json.load(f)
+    olympic = {}
+    for r in rcps.values():
+        runs = sorted(r["Epochs to converge"])[1:-1]
+        olympic[r["BS"]] = round(sum(runs) / len(runs), 4)
+    assert olympic == est.RCP_EPOCHS
+    assert est.epochs_to_target(65536) == 0.7911
+    assert est.epochs_to_target(60416) == pytest.approx((0.7615 + 0.7911) / 2, rel=1e-12)  # halfway 55296-65536
+    assert (est.epochs_to_target(16384), est.epochs_to_target(262144)) == (0.7071, 0.9583)  # the nearest batch
 
 
 def test_measured_step_is_interpolated_in_the_batch_and_bounded() -> None:

@@ -97,7 +97,25 @@ def test_histogram_auc_within_1e4_of_sklearn_on_a_million_rows(dist_name: str) -
     h = AUCHistogram(torch.device("cpu"))
     for chunk in np.array_split(np.arange(n), 7):  # several updates, as in an evaluation loop
         h.update(torch.from_numpy(p32[chunk]), torch.from_numpy(y[chunk]))
-    assert abs(h.compute() - roc_auc_score(y, p32)) <= 1e-4
+    auc = h.compute()
+    assert abs(auc - roc_auc_score(y, p32)) <= 1e-4
+    assert abs(auc - roc_auc_score(y, p32)) <= h.bound  # its own bound holds on every distribution
+
+
+def test_histogram_auc_bound_is_half_the_pairs_sharing_a_bucket() -> None:
+    """Positives 0.3 and 0.5 against negatives 0.5 and 0.1: one of the 4 pairs shares a bucket, so AUC
+    (0 + 1 + 0.5 + 1) / 4 and bound 0.5 / 4; a positive one float32 step above its negative shares its bucket and
+    is scored one half where sklearn counts 1, exactly the bound away."""
+    h = AUCHistogram(torch.device("cpu"))
+    h.update(torch.tensor([0.3, 0.5, 0.5, 0.1]), torch.tensor([1, 1, 0, 0]))
+    assert (h.compute(), h.bound) == (0.625, 0.125)
+    p = torch.tensor([np.nextafter(np.float32(0.5), np.float32(1)), 0.5], dtype=torch.float32)
+    h = AUCHistogram(torch.device("cpu"))
+    h.update(p, torch.tensor([1, 0]))
+    assert (h.compute(), h.bound, roc_auc_score([1, 0], p.numpy())) == (0.5, 0.5, 1.0)
+    acc = EvalAccumulator(torch.device("cpu"), "exact")
+    acc.update(torch.logit(p), torch.tensor([1.0, 0.0]))
+    assert acc.compute()["auc_bound"] == 0.0
 
 
 def test_single_class_auc_is_nan() -> None:

@@ -95,7 +95,9 @@ def _mllog(log: Path) -> list:
     return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
 
 
-def _compliance_check(log: Path, cwd: Path) -> None:
+def _compliance_check(log: Path, cwd: Path, toy_closed: bool = False) -> None:
+    """Run MLPerf's compliance checker on ``log``; it must pass, or with ``toy_closed`` (a closed-division log of
+    toy data) fail exactly the two checks toy data cannot meet: ``eval_samples`` and the AUC target."""
     p = subprocess.run(
         [
             sys.executable,
@@ -113,7 +115,13 @@ def _compliance_check(log: Path, cwd: Path) -> None:
         timeout=120,
         cwd=cwd,
     )  # the checker writes compliance_checker.log into its cwd
-    assert p.returncode == 0 and "SUCCESS" in (p.stdout + p.stderr), p.stdout + p.stderr
+    out = p.stdout + p.stderr
+    if not toy_closed:
+        assert p.returncode == 0 and "SUCCESS" in out, out
+        return
+    failed = set(re.findall(r"CHECK for '(\w+)' failed", out)) | set(re.findall(r"Failed checks for (\w+) :", out))
+    assert "closed_dlrm_dcnv2.yaml" in out and failed == {"eval_samples", "eval_accuracy"}, out
+    assert "eval_samples' failed in line" in out and "v['value'] >= 0.80275" in out, out
 
 
 def test_mlperf_log_passes_the_compliance_checker(full_run: Path, tmp_path: Path) -> None:
@@ -139,7 +147,7 @@ def test_mlperf_log_records_the_tables_own_learning_rate(tmp_path: Path) -> None
     from dlrm.config import MlperfSink
     from dlrm.mlperf_log import MlperfLogger
 
-    hp = dict(global_batch=64, lr=0.004, eps=1e-8, warmup=0, decay_start=0, decay_steps=0, train_samples=640)
+    hp = dict(global_batch=64, seed=7, lr=0.004, eps=1e-8, warmup=0, decay_start=0, decay_steps=0, train_samples=640)
     shared = mllog.get_mllogger().logger  # each MlperfLogger adds a file handler to mllog's one logger
     before = list(shared.handlers)
     for name, sparse_lr in (("with.log", 0.02), ("without.log", None)):
@@ -153,6 +161,7 @@ def test_mlperf_log_records_the_tables_own_learning_rate(tmp_path: Path) -> None
                 h.close()
     got = {n: {e["key"]: e["value"] for e in _mllog(tmp_path / n)} for n in ("with.log", "without.log")}
     want = {
+        "seed": 7,
         "global_batch_size": 64,
         "gradient_accumulation_steps": 1,
         "opt_name": "adagrad",
@@ -170,11 +179,93 @@ def test_mlperf_log_records_the_tables_own_learning_rate(tmp_path: Path) -> None
     assert got == {"with.log": {**want, "opt_sparse_base_learning_rate": 0.02}, "without.log": want}
 
 
+def test_mlperf_timed_run_ends_before_the_final_checkpoint_and_test_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mllog brackets: ``eval_start`` before each validation's AUC is computed, ``eval_stop`` after it, and
+    ``run_stop`` as training ends, before the final checkpoint and the test split (untimed, as in the MLPerf
+    reference); the per-epoch cadence is the reference's floor(rows / (global batch * per_epoch))."""
+    from dlrm.checkpoint import Checkpointer
+    from dlrm.config import compose
+    from dlrm.metrics import EvalAccumulator
+    from dlrm.mlperf_log import MlperfLogger
+    from dlrm.trainer import Trainer
+
+    calls: list = []
+
+    def record(cls: type, name: str, label: str) -> None:
+        orig = getattr(cls, name)
+
+        def wrapped(self: object, *a: object, **k: object) -> object:
+            calls.append(label)
+            return orig(self, *a, **k)
+
+        monkeypatch.setattr(cls, name, wrapped)
+
+    record(MlperfLogger, "eval_start", "eval_start")
+    record(MlperfLogger, "eval", "eval_stop")
+    record(MlperfLogger, "run_stop", "run_stop")
+    record(EvalAccumulator, "compute", "auc")
+    record(Checkpointer, "at_end", "checkpoint")
+    # 1000 rows at global batch 128: 8 steps (the last partial), validations every 1000 // (128 * 2) = 3 steps
+    cfg = compose(
+        [
+            "data.num_train_samples=1000",
+            "data.num_val_samples=256",
+            "data.num_test_samples=128",
+            "data.global_batch_size=128",
+            "eval.every_n_steps=null",
+            "eval.per_epoch=2",
+            "eval.at_end=false",
+            "logger=[jsonl]",
+        ]
+    )
+    t = Trainer(cfg, str(tmp_path))
+    try:
+        t.fit()
+    finally:
+        t.close()
+    val = [r["step"] for r in t.history if "val_auc" in r]
+    assert (t.total_steps, t.eval_every, val) == (8, 3, [3, 6])
+    assert calls == ["eval_start", "auc", "eval_stop"] * 2 + ["run_stop", "checkpoint", "auc"]
+
+
+@pytest.mark.parametrize("bound, stop", [(0.005, 2), (0.02, 6)])
+def test_target_auc_counts_the_histogram_bound(
+    bound: float, stop: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A validation AUC of 0.81 with target 0.8 stops the run only when 0.81 minus its error bound is still at
+    the target: at the first validation with bound 0.005, never with 0.02."""
+    from dlrm.config import compose
+    from dlrm.metrics import EvalAccumulator
+    from dlrm.trainer import Trainer
+
+    fixed = dict(auc=0.81, auc_bound=bound, logloss=0.5, ne=0.9, accuracy=0.75, calibration=1.0, ctr=0.25)
+    monkeypatch.setattr(EvalAccumulator, "compute", lambda self: {**fixed, "samples": 256})
+    cfg = compose(
+        [
+            "data.num_train_samples=768",
+            "data.num_val_samples=256",
+            "data.global_batch_size=128",
+            "eval.every_n_steps=2",
+            "eval.target_auc=0.8",
+            "logger=[jsonl]",
+        ]
+    )
+    t = Trainer(cfg, str(tmp_path))
+    try:
+        t.fit()
+    finally:
+        t.close()
+    assert t.step == stop and [r["val_auc_bound"] for r in t.history if "val_auc" in r] == [bound] * (stop // 2)
+
+
 def test_mlperf_recipe_at_toy_size_passes_the_compliance_checker(tmp_path: Path) -> None:
     """``experiment=mlperf_dlrmv2`` as it is (the full DLRM-v2 dense side, MLPerf multi-hot, element-wise Adagrad,
     20 evaluations per epoch, its loggers) on a generated binary dataset with tables capped at 64 rows and a
     global batch of 64, so 20 steps an epoch: the first 5 steps (the full-size dense side takes seconds a step on
-    2 cores), an evaluation after each (1/20 epoch apart), and an ``mlperf.log`` the checker accepts."""
+    2 cores), an evaluation after each (1/20 epoch apart), and a closed-division ``mlperf.log`` that passes every
+    check of the closed rules but the two toy data cannot (the evaluation rows and the AUC target)."""
     import numpy as np
 
     from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
@@ -212,7 +303,9 @@ def test_mlperf_recipe_at_toy_size_passes_the_compliance_checker(tmp_path: Path)
     batch = [e["value"] for e in lines if e["key"] == "global_batch_size"]
     eps = [e["value"] for e in lines if e["key"] == "opt_adagrad_epsilon"]
     assert batch == [64] and eps == [1e-8]
-    _compliance_check(run_dir / "mlperf.log", tmp_path)
+    keys = {e["key"]: e["value"] for e in lines}
+    assert keys["submission_division"] == "closed" and keys["seed"] == 0
+    _compliance_check(run_dir / "mlperf.log", tmp_path, toy_closed=True)
 
 
 def test_report_cli(full_run: Path, tmp_path: Path) -> None:
