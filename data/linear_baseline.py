@@ -19,7 +19,8 @@ Without ``--C``, the inverse penalty C is chosen on the training rows alone, by 
 stratified k-fold cross-validation (``--folds``, shuffled with seed 0) over ``--Cs``; the validation rows are
 scored once, by the model refitted on every training row. Prints each C's cross-validation AUC, then
 ``validation AUC <auc>``: ``sklearn.metrics.roc_auc_score``, as the trainer's exact ``val_auc`` (ties count one
-half). A bad override, file or row: one ``error:`` line naming it, exit status 2.
+half). A bad override, file or row, training or validation rows of one label, or more ``--folds`` than training
+rows of the rarer label: one ``error:`` line naming it, exit status 2.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ except ImportError:  # scikit-learn (and scipy with it) comes with requirements.
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrm.config import ConfigError, InputError, compose, error_line, to_config  # noqa: E402
+from dlrm.config import ConfigError, DataConfig, InputError, compose, error_line, to_config  # noqa: E402
 
 # Candidate C values, 10^-3 .. 10^1 in steps of 10^0.5: from "the prior dominates" to "barely regularised".
 DEFAULT_CS = [float(c) for c in np.logspace(-3, 1, 9)]
@@ -96,15 +97,8 @@ def design_matrices(
     return matrix(*train), matrix(*val)
 
 
-def load_features(overrides: Sequence[str]) -> Tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix, np.ndarray]:
-    """``(X_train, y_train, X_val, y_val)`` of the run that ``python train.py <overrides>`` would do.
-
-    ``X_*`` are :func:`design_matrices` outputs, ``y_*`` int64 ``[N]`` labels 0/1.
-
-    Raises:
-        ConfigError: a bad override, or ``data=criteo_binary`` (not held in memory; use ``data=criteo_tsv``).
-        InputError, FileNotFoundError: as ``python train.py`` raises them for the data files.
-    """
+def _load(overrides: Sequence[str]) -> Tuple[DataConfig, sp.csr_matrix, np.ndarray, sp.csr_matrix, np.ndarray]:
+    """The data config and :func:`load_features`' matrices and labels (raises as it does)."""
     from dlrm.data import Split, load_splits
 
     args = list(overrides)
@@ -121,7 +115,59 @@ def load_features(overrides: Sequence[str]) -> Tuple[sp.csr_matrix, np.ndarray, 
     x_tr, x_va = design_matrices(
         (train.dense.numpy(), train.ids.numpy()), (val.dense.numpy(), val.ids.numpy()), cfg.model.table_rows
     )
-    return x_tr, train.labels.numpy().astype(np.int64), x_va, val.labels.numpy().astype(np.int64)
+    return cfg.data, x_tr, train.labels.numpy().astype(np.int64), x_va, val.labels.numpy().astype(np.int64)
+
+
+def load_features(overrides: Sequence[str]) -> Tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix, np.ndarray]:
+    """``(X_train, y_train, X_val, y_val)`` of the run that ``python train.py <overrides>`` would do.
+
+    ``X_*`` are :func:`design_matrices` outputs, ``y_*`` int64 ``[N]`` labels 0/1.
+
+    Raises:
+        ConfigError: a bad override, or ``data=criteo_binary`` (not held in memory; use ``data=criteo_tsv``).
+        InputError, FileNotFoundError: as ``python train.py`` raises them for the data files.
+    """
+    return _load(overrides)[1:]
+
+
+def check_labels(data: DataConfig, y_tr: np.ndarray, y_va: np.ndarray, folds: Optional[int]) -> None:
+    """Refuse labels the fit, the cross-validation or the AUC cannot use: training or validation rows of one
+    label (no model to fit; AUC undefined), or more folds than the training rows of the rarer label (stratified
+    k-fold puts at least one of each label in every fold). ``folds`` None: no cross-validation (``--C`` given).
+
+    Raises:
+        InputError: naming the rows' source (config key) or ``--folds``, and the fix.
+    """
+    n_tr, n_va = len(y_tr), len(y_va)
+    if data.name == "criteo_tsv":
+        train_src = f"config key `data.train_path`: the {n_tr:,} training rows of {data.train_path!r}"
+        if data.val_path:
+            val_src, val_fix = f"config key `data.val_path`: the {n_va:,} rows of {data.val_path!r}", "another file"
+        else:
+            val_src = (
+                f"config key `data.train_path`: the {n_va:,} validation rows of {data.train_path!r} "
+                f"(rows {n_tr + 1:,}-{n_tr + n_va:,})"
+            )
+            val_fix = "data.val_path, or more rows (data.max_rows, data.val_fraction)"
+        train_fix = "more rows (a larger data.max_rows, if set) or another file"
+    else:
+        train_src = f"config key `data.name` ({data.name}): the {n_tr:,} training rows"
+        val_src = f"config key `data.name` ({data.name}): the {n_va:,} validation rows"
+        train_fix = val_fix = "more rows"
+    for src, y, what, fix in (
+        (train_src, y_tr, "the logistic regression needs", train_fix),
+        (val_src, y_va, "the validation AUC needs", val_fix),
+    ):
+        if y.size and y.min() == y.max():
+            raise InputError(f"{src} all have label {int(y[0])}; {what} clicks (1) and non-clicks (0): give {fix}")
+    rare = min(int(y_tr.sum()), n_tr - int(y_tr.sum()))
+    if folds is not None and folds > rare:
+        raise InputError(
+            f"--folds {folds}: the training rows hold {int(y_tr.sum()):,} clicks and {n_tr - int(y_tr.sum()):,} "
+            f"non-clicks, and stratified {folds}-fold cross-validation needs at least {folds} of each; give --folds "
+            + (f"{rare} or fewer" if rare >= 2 else "2 and more rows")
+            + ", or --C <value> to skip the cross-validation"
+        )
 
 
 def make_model(c: float):
@@ -150,17 +196,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--Cs", type=float, nargs="+", default=DEFAULT_CS, help="candidate C values (default: 1e-3 .. 10)")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds of the training rows (default: 5)")
     args = p.parse_intermixed_args(argv)
-    if (args.C is not None and args.C <= 0) or min(args.Cs) <= 0:
-        p.error("--C and --Cs: C values must be positive")
-    if args.folds < 2:
-        p.error("--folds must be at least 2")
+    bad = None
+    if args.C is not None and args.C <= 0:
+        bad = f"--C {args.C:g}: give a positive C (the inverse L2 strength)"
+    elif min(args.Cs) <= 0:
+        bad = f"--Cs {' '.join(f'{c:g}' for c in args.Cs)}: give positive C values"
+    elif args.folds < 2:
+        bad = f"--folds {args.folds}: give 2 or more folds (default 5)"
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
     from sklearn.metrics import roc_auc_score
 
     t0 = time.perf_counter()
     try:
-        x_tr, y_tr, x_va, y_va = load_features(args.overrides)
+        data, x_tr, y_tr, x_va, y_va = _load(args.overrides)
+        check_labels(data, y_tr, y_va, args.folds if args.C is None else None)
     except (InputError, FileNotFoundError, ValueError, HydraException, OmegaConfBaseException) as e:
         print(f"error: {error_line(e)}", file=sys.stderr)
         return 2

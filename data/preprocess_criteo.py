@@ -19,8 +19,10 @@ Check the written files against the sha256s in meta.json::
 
     python data/preprocess_criteo.py verify --out /data/criteo_bin
 
-Runs are resumable: a killed run, re-run with the same arguments, redoes only the unfinished days. Memory: about
-100 MB per worker. Format, splits and transforms: docs/data.md and dlrm/data/binary.py.
+Runs are resumable: a killed run, re-run with the same arguments, redoes only the unfinished days. A dataset in
+--out that was built with other options (days, input, table rows, dense transform or m) is refused; --overwrite
+rebuilds it there, keeping the days whose input and options are unchanged. Memory: about 100 MB per worker.
+Format, splits and transforms: docs/data.md and dlrm/data/binary.py.
 
 Exit status: 0 done; 2 bad input (a flag's value, a missing file, a malformed line, a dataset directory it cannot
 use), as one ``error:`` line naming the flag or file (and line) and the fix; ``verify``: 1 when a file differs from
@@ -39,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, InputError  # noqa: E402
 from dlrm.data import preprocess as P  # noqa: E402
 
+SEED_MAX = 2**32 - 1  # numpy's legacy seeding (np.random.seed) takes 0 .. 2**32 - 1
 DAYS_FIX = "give days as a range or a list, e.g. --days 0-23 or --days 0,1,23"
 
 
@@ -126,7 +129,12 @@ def main(argv: List[str]) -> int:
         prog=f"preprocess_criteo.py {cmd if cmd != 'convert' else ''}".strip(), description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--out", required=True, help="dataset directory")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (days run in parallel)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes (days run in parallel); 0 or 1: one day after another in this process",
+    )
     if cmd == "convert":
         ap.add_argument("--layout", choices=("terabyte", "kaggle"), required=True)
         ap.add_argument("--input-dir", help="terabyte: directory with day_N or day_N.gz")
@@ -149,12 +157,23 @@ def main(argv: List[str]) -> int:
             action="store_true",
             help="keep day_N_dense_raw.npy (int32 counts) to re-derive the other transform later",
         )
+        ap.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="rebuild a dataset in --out that was built with other options (refused without it); days whose "
+            "input and options are unchanged are kept",
+        )
     elif cmd == "multihot":
         ap.add_argument("--mode", choices=("tables", "materialize"), default="tables")
         ap.add_argument("--sizes", default="mlperf", help="26 comma-separated multi-hot sizes, or mlperf")
         ap.add_argument("--seed", type=int, default=0, help="legacy numpy seed (MLPerf reference: 0)")
     args = ap.parse_args(argv)
     try:
+        if args.workers < 0:
+            raise P.PreprocessError(
+                f"--workers {args.workers}: give a number of processes >= 1 (0 or 1: one day after another in this "
+                "process)"
+            )
         if cmd == "verify":
             bad = P.verify(args.out)
             for p in bad:
@@ -162,6 +181,10 @@ def main(argv: List[str]) -> int:
             print("all files match meta.json" if not bad else f"{len(bad)} file(s) differ from meta.json")
             return 1 if bad else 0
         if cmd == "multihot":
+            if not 0 <= args.seed <= SEED_MAX:
+                raise P.PreprocessError(
+                    f"--seed {args.seed}: give a seed from 0 to 2**32 - 1 = {SEED_MAX} (the MLPerf reference uses 0)"
+                )
             sizes = _ints(args.sizes, MLPERF_MULTI_HOT_SIZES, "--sizes")
             P.multihot(
                 out=args.out, sizes=sizes, seed=args.seed, materialize=args.mode == "materialize", workers=args.workers
@@ -175,6 +198,7 @@ def main(argv: List[str]) -> int:
             if not args.input_dir:
                 ap.error("--layout terabyte needs --input-dir")
             days = _days(args.days or "0-23")
+            P.check_days(days, args.days)
             inputs = P.find_day_files(args.input_dir, days)
         else:
             if not args.input:
@@ -194,6 +218,7 @@ def main(argv: List[str]) -> int:
             block_bytes=args.block_mb << 20,
             keep_raw=args.keep_raw_dense,
             dense_min=args.dense_min,
+            overwrite=args.overwrite,
         )
     except (InputError, FileNotFoundError) as e:  # PreprocessError, TsvFormatError, BinaryFormatError
         print(f"error: {e}", file=sys.stderr)

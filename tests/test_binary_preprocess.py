@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
+from dlrm.config import MLPERF_NUM_EMBEDDINGS
 from dlrm.data import preprocess as P
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
@@ -195,7 +196,7 @@ def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_p
     assert {p.name: p.read_bytes() for p in out.glob("day_*_sparse_multi_hot.npy")} == built
     assert P.verify(str(out)) == []
     half = [max(1, r // 2) for r in ROWS]
-    meta = P.preprocess(
+    other = dict(
         out=str(out),
         layout="terabyte",
         inputs=[str(p) for p in days3],
@@ -205,6 +206,9 @@ def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_p
         workers=1,
         block_bytes=64 << 10,
     )
+    with pytest.raises(P.PreprocessError, match=r"holds a dataset built with other options \(table rows were"):
+        P.preprocess(**other)
+    meta = P.preprocess(**other, overwrite=True)
     assert meta["multi_hot"] is None and B.read_meta(str(out))["multi_hot"] is None
     assert not list(out.glob("day_*_sparse_multi_hot.npy")) and not list(out.glob("day_*.multihot.json"))
     assert P.verify(str(out)) == []
@@ -214,6 +218,96 @@ def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_p
         ids = np.load(out / f"day_{d}_sparse.npy")
         want = np.concatenate([tables[t][ids[:, t]].reshape(-1) for t in range(26)])
         np.testing.assert_array_equal(np.load(out / f"day_{d}_sparse_multi_hot.npy"), want)
+
+
+def test_rebuild_with_other_options_is_refused_unless_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A finished dataset is not replaced by a run with other options: one error line naming --out, each option
+    with its old and new value, and the fix; meta.json and the day files stay as they were. The same options
+    resume (nothing redone); --overwrite rebuilds."""
+    for k, n in enumerate((120, 100, 80)):
+        gen_tsv(tmp_path / f"day_{k}", n, seed=k)
+    out = tmp_path / "out"
+    base = ["--layout", "terabyte", "--input-dir", str(tmp_path), "--days", "0-2", "--out", str(out), "--workers", "0"]
+    cli = _cli()
+    assert cli.main([*base, "--row-cap", "2000"]) == 0
+    capsys.readouterr()
+    kept = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    assert cli.main([*base, "--dense-transform", "log1p"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {out} holds a dataset built with other options (table rows were --row-cap 2000, now "
+        "--table-rows mlperf; --dense-transform was mlperf, now log1p), which this run would replace; give another "
+        "--out, or add --overwrite to rebuild it there\n"
+    )
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == kept
+    assert cli.main([*base, "--row-cap", "2000"]) == 0  # the same options: every day skipped, files untouched
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("day_*")} == {
+        n: t for n, (_, t) in kept.items() if n.startswith("day_")
+    }
+    assert cli.main([*base, "--dense-transform", "log1p", "--overwrite"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["dense_transform"] == "log1p" and meta["table_rows"] == MLPERF_NUM_EMBEDDINGS
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "--overwrite" in capsys.readouterr().out
+
+
+def test_other_days_inputs_and_m_are_named(tmp_path: Path, days3: List[Path]) -> None:
+    out = tmp_path / "out"
+    convert(out, days3, "mlperf", dense_min=-7)
+    (tmp_path / "elsewhere").mkdir()
+    moved = [tmp_path / "elsewhere" / p.name for p in days3]
+    for src, dst in zip(days3, moved):
+        shutil.copy(src, dst)
+    fix = "which this run would replace; give another --out, or add --overwrite to rebuild it there"
+    cases = [
+        (dict(inputs=days3[:2]), "--days was 0-2, now 0-1"),
+        (dict(inputs=moved), f"--input-dir was {days3[0].parent}, now {moved[0].parent}"),
+        (dict(dense_min=-9), "--dense-min was -7, now -9"),
+        (dict(dense_min=None), "--dense-min was -7, now not given"),
+        (dict(layout="kaggle", inputs=days3[:1]), "--layout was terabyte, now kaggle"),
+    ]
+    for kw, what in cases:
+        kw = {"dense_min": -7, **kw}
+        with pytest.raises(P.PreprocessError) as e:
+            convert(out, kw.pop("inputs", days3), "mlperf", **kw)
+        assert str(e.value) == f"--out {out} holds a dataset built with other options ({what}), {fix}"
+    assert convert(out, days3, "mlperf", dense_min=-7)["dense_min"] == -7  # unchanged options: resumes
+
+
+def test_out_that_is_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for k in range(2):
+        gen_tsv(tmp_path / f"day_{k}", 20, seed=k)
+    (tmp_path / "out").write_text("keep me")
+    args = ["--layout", "terabyte", "--input-dir", str(tmp_path), "--days", "0-1", "--workers", "0", "--out"]
+    assert _cli().main([*args, str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {tmp_path / 'out'}: a file, not a directory; give a directory (a new one, or a dataset to "
+        "resume)\n"
+    )
+    assert _cli().main([*args, str(tmp_path / "out" / "bin")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {tmp_path / 'out' / 'bin'}: cannot create it (Not a directory); give a directory you can write\n"
+    )
+    assert (tmp_path / "out").read_text() == "keep me"
+
+
+def test_kaggle_file_shorter_than_seven_days(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Fewer lines than days: the count and the rule, before anything is written; a day of blank lines only: its
+    lines."""
+    src = tmp_path / "k5.tsv"
+    gen_tsv(src, 5, seed=1)
+    args = ["--layout", "kaggle", "--input", str(src), "--workers", "0", "--out", str(tmp_path / "out")]
+    assert _cli().main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: --input {src}: 5 lines, fewer than the 7 days --layout kaggle cuts it into (day k: lines N*k//7+1 "
+        ".. N*(k+1)//7); give a file of at least 7 rows\n"
+    )
+    assert not (tmp_path / "out").exists()
+    gen_tsv(src, 7, seed=1)
+    src.write_text(src.read_text() + "\n" * 7)  # 14 lines: 2 a day, days 4-6 blank
+    assert _cli().main(args) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"error: {src}: lines 9-10 (Kaggle day 4) are all blank; delete the blank lines"
 
 
 def test_kaggle_layout_cuts_seven_days(tmp_path: Path) -> None:
@@ -400,6 +494,28 @@ ZERO_ROWS = ",".join(["9"] * 25 + ["0"])
         (
             ["--layout", "kaggle", "--input", "train.txt", "--out", "{out}"],
             "--input 'train.txt': no such file (cwd {cwd}); pass Kaggle's train.txt (plain or gzip)",
+        ),
+        (
+            [*TB, "--days", "0"],
+            "--days 0: only day 0; give at least 2 days, the training days and then the last day for "
+            "validation/test, e.g. --days 0-1",
+        ),
+        (
+            [*TB, "--days", "3-3"],
+            "--days 3-3: only day 3; give at least 2 days, the training days and then the last day for "
+            "validation/test, e.g. --days 3-4",
+        ),
+        (
+            [*TB, "--workers", "-2"],
+            "--workers -2: give a number of processes >= 1 (0 or 1: one day after another in this process)",
+        ),
+        (
+            ["multihot", "--out", "{out}", "--seed", "-1"],
+            "--seed -1: give a seed from 0 to 2**32 - 1 = 4294967295 (the MLPerf reference uses 0)",
+        ),
+        (
+            ["multihot", "--out", "{out}", "--seed", "4294967296"],
+            "--seed 4294967296: give a seed from 0 to 2**32 - 1 = 4294967295 (the MLPerf reference uses 0)",
         ),
         ([*TB, "--block-mb", "0"], "--block-mb 0: give a block size in MiB >= 1 (default 8)"),
         ([*TB, "--block-mb", "-4"], "--block-mb -4: give a block size in MiB >= 1 (default 8)"),

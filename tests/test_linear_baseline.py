@@ -106,3 +106,69 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
         "error: Error merging override data.max_rows=many (Value 'many' of type 'str' could not be converted to "
         "Integer)\n"
     )
+
+
+def _tsv(path: Path, labels) -> Path:
+    """Criteo-shaped lines with the given labels (dense counts and hex ids drawn at random)."""
+    g = np.random.default_rng(0)
+    lines = []
+    for y in labels:
+        ints = [str(int(v)) for v in g.integers(0, 50, 13)]
+        cats = [format(int(v), "x") for v in g.integers(0, 2**32, 26)]
+        lines.append("\t".join([str(int(y))] + ints + cats))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "labels,args,line",
+    [
+        (
+            [0] * 200,
+            ["--C", "0.03"],
+            "config key `data.train_path`: the 160 training rows of '{path}' all have label 0; the logistic "
+            "regression needs clicks (1) and non-clicks (0): give more rows (a larger data.max_rows, if set) or "
+            "another file",
+        ),
+        (
+            [0, 1] * 80 + [1] * 40,
+            ["--C", "0.03"],
+            "config key `data.train_path`: the 40 validation rows of '{path}' (rows 161-200) all have label 1; the "
+            "validation AUC needs clicks (1) and non-clicks (0): give data.val_path, or more rows (data.max_rows, "
+            "data.val_fraction)",
+        ),
+        (
+            [1] * 10 + [0] * 150 + [0, 1] * 20,
+            ["--folds", "11", "--Cs", "0.03"],
+            "--folds 11: the training rows hold 10 clicks and 150 non-clicks, and stratified 11-fold "
+            "cross-validation needs at least 11 of each; give --folds 10 or fewer, or --C <value> to skip the "
+            "cross-validation",
+        ),
+        (
+            [0, 1] * 100,
+            ["--folds", "5000", "--Cs", "0.03"],
+            "--folds 5000: the training rows hold 80 clicks and 80 non-clicks, and stratified 5000-fold "
+            "cross-validation needs at least 5000 of each; give --folds 80 or fewer, or --C <value> to skip the "
+            "cross-validation",
+        ),
+        ([0, 1] * 100, ["--folds", "1"], "--folds 1: give 2 or more folds (default 5)"),
+        ([0, 1] * 100, ["--C", "-1"], "--C -1: give a positive C (the inverse L2 strength)"),
+    ],
+)
+def test_labels_and_folds_it_cannot_use_are_one_error_line(
+    labels, args, line: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Rows of one label (no fit, no AUC) and more folds than the rarer label's training rows are refused before
+    any fit, naming the rows' source or --folds."""
+    path = _tsv(tmp_path / "t.tsv", labels)
+    assert lb.main([f"data.train_path={path}", *args]) == 2
+    assert capsys.readouterr().err == f"error: {line.format(path=path)}\n"
+
+
+def test_one_label_validation_file_names_data_val_path(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    train, val = _tsv(tmp_path / "t.tsv", [0, 1] * 50), _tsv(tmp_path / "v.tsv", [0] * 30)
+    assert lb.main([f"data.train_path={train}", f"data.val_path={val}", "--C", "0.03"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: config key `data.val_path`: the 30 rows of '{val}' all have label 0; the validation AUC needs "
+        "clicks (1) and non-clicks (0): give another file\n"
+    )

@@ -18,7 +18,8 @@ Run it with ``data/preprocess_criteo.py`` (its docstring has the commands). Pass
 3. **meta**: ``meta.json`` with rows, sha256 of every file, the transform and ``m``, and the split rule.
 
 Each finished day leaves a ``day_{d}.*.json`` marker holding its inputs (path, size, mtime) and outputs
-(sha256); a re-run skips days whose marker matches and redoes the rest (a killed run resumes).
+(sha256); a re-run skips days whose marker matches and redoes the rest (a killed run resumes). A finished dataset
+(``meta.json``) built with other options is refused unless ``overwrite`` (``--overwrite``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from dlrm.config import InputError
+from dlrm.config import MLPERF_NUM_EMBEDDINGS, InputError
 from dlrm.data import binary as B
 from dlrm.data import multihot as mh_mod
 from dlrm.data.criteo_tsv import (
@@ -295,6 +296,13 @@ def parse_day(job: Dict[str, Any]) -> Dict[str, Any]:
     n = w_dense.close()
     w_sparse.close()
     w_labels.close()
+    if n == 0 and job["max_lines"]:
+        # a Kaggle day: preprocess() counted its lines, so every one of them was blank
+        first = job["start_line"]
+        raise TsvFormatError(
+            f"{job['path']}: lines {first}-{first + job['max_lines'] - 1} (Kaggle day {day}) are all blank; "
+            "delete the blank lines"
+        )
     if n == 0:
         raise TsvFormatError(
             f"{job['path']}: no rows for day {day}; expected lines of {NUM_FIELDS} tab-separated fields"
@@ -416,33 +424,35 @@ def _run_jobs(
             except Exception:  # queue.Empty
                 return
 
-    if workers <= 1:
-        _init_worker(q)
-        try:
-            for i, job in enumerate(jobs):
-                results[i] = fn(job)
-                drain()
-                if total_bytes is None:
-                    bar.update(1)
-        finally:
-            _init_worker(None)
-    else:
-        with ProcessPoolExecutor(
-            max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker, initargs=(q,)
-        ) as ex:
-            futs = {ex.submit(fn, job): i for i, job in enumerate(jobs)}
-            pending = set(futs)
-            while pending:
-                for f in list(pending):
-                    if f.done():
-                        pending.discard(f)
-                        results[futs[f]] = f.result()  # re-raises a worker's error (file:line message)
-                        if total_bytes is None:
-                            bar.update(1)
-                drain()
-                time.sleep(0.05)
-    drain()
-    bar.close()
+    try:
+        if workers <= 1:
+            _init_worker(q)
+            try:
+                for i, job in enumerate(jobs):
+                    results[i] = fn(job)
+                    drain()
+                    if total_bytes is None:
+                        bar.update(1)
+            finally:
+                _init_worker(None)
+        else:
+            with ProcessPoolExecutor(
+                max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker, initargs=(q,)
+            ) as ex:
+                futs = {ex.submit(fn, job): i for i, job in enumerate(jobs)}
+                pending = set(futs)
+                while pending:
+                    for f in list(pending):
+                        if f.done():
+                            pending.discard(f)
+                            results[futs[f]] = f.result()  # re-raises a worker's error (file:line message)
+                            if total_bytes is None:
+                                bar.update(1)
+                    drain()
+                    time.sleep(0.05)
+        drain()
+    finally:
+        bar.close()  # ends the bar's line, so an error printed next starts one of its own
     return [results[i] for i in range(len(jobs))]
 
 
@@ -485,6 +495,86 @@ def line_offsets(path: str, lines: Sequence[int], block_bytes: int = 8 << 20) ->
     return [out.get(ln, pos) for ln in lines]
 
 
+def days_text(days: Sequence[int]) -> str:
+    """Day numbers in the ``--days`` syntax: ``[0, 1, 2, 5]`` as ``0-2,5``."""
+    parts: List[str] = []
+    for d in days:
+        lo, _, hi = parts[-1].partition("-") if parts else ("", "", "")
+        if parts and int(hi or lo) + 1 == d:
+            parts[-1] = f"{lo}-{d}"
+        else:
+            parts.append(str(d))
+    return ",".join(parts)
+
+
+def check_days(days: Sequence[int], spec: Optional[str] = None) -> None:
+    """Refuse fewer than 2 days: the last one evaluates, so one day leaves nothing to train on.
+
+    Raises:
+        PreprocessError: naming ``--days`` (``spec`` as given, else ``days``) and a range of two days.
+    """
+    if len(days) < 2:
+        d = days[0] if days else 0
+        what = f"only day {d}" if days else "no days"
+        raise PreprocessError(
+            f"--days {spec or days_text(days)}: {what}; give at least 2 days, the training days and then the last "
+            f"day for validation/test, e.g. --days {d}-{d + 1}"
+        )
+
+
+def _rows_text(rows: Sequence[int]) -> str:
+    """Table sizes as the flags that give them: ``--table-rows mlperf``, ``--row-cap N`` or the list."""
+    rows = [int(r) for r in rows]
+    if rows == list(MLPERF_NUM_EMBEDDINGS):
+        return "--table-rows mlperf"
+    if rows == [min(r, max(rows)) for r in MLPERF_NUM_EMBEDDINGS]:
+        return f"--row-cap {max(rows)}"
+    return "--table-rows " + ",".join(map(str, rows))
+
+
+def _changed_options(
+    prev: Dict[str, Any],
+    layout: str,
+    inputs: Sequence[str],
+    days: Sequence[int],
+    table_rows: Sequence[int],
+    transform: str,
+    dense_min: Optional[int],
+) -> List[str]:
+    """The options of this run that differ from those ``prev`` (a ``meta.json``) was built with, each as
+    ``<flag> was <old>, now <new>``; empty when a re-run would resume or skip every day of ``prev``.
+
+    Raises:
+        KeyError, TypeError, AttributeError, ValueError: ``prev`` lacks a key or has one of the wrong type.
+    """
+    out: List[str] = []
+    if prev["layout"] != layout:
+        return [f"--layout was {prev['layout']}, now {layout}"]
+    if layout == "kaggle":
+        old_in, new_in = prev["days"][0]["source"]["path"], os.path.abspath(inputs[0])
+        if old_in != new_in:
+            out.append(f"--input was {old_in}, now {new_in}")
+    else:
+        old_days = [int(d["day"]) for d in prev["days"]]
+        if old_days != list(days):
+            out.append(f"--days was {days_text(old_days)}, now {days_text(days)}")
+        old_dirs = sorted({os.path.dirname(d["source"]["path"]) for d in prev["days"]})
+        new_dirs = sorted({os.path.dirname(os.path.abspath(p)) for p in inputs})
+        if old_dirs != new_dirs:
+            out.append(f"--input-dir was {', '.join(old_dirs)}, now {', '.join(new_dirs)}")
+    if [int(r) for r in prev["table_rows"]] != [int(r) for r in table_rows]:
+        out.append(f"table rows were {_rows_text(prev['table_rows'])}, now {_rows_text(table_rows)}")
+    if prev["dense_transform"] != transform:
+        out.append(f"--dense-transform was {prev['dense_transform']}, now {transform}")
+    elif transform == "mlperf":
+        given = prev["dense_min_source"] == "given"
+        old = f"{prev['dense_min']}" if given else f"not given (m = {prev['dense_min']}, the training days' minimum)"
+        # a given m equal to the one computed before writes the same files; an m still to be computed may not
+        if (dense_min is None and given) or (dense_min is not None and dense_min != prev["dense_min"]):
+            out.append(f"--dense-min was {old}, now {'not given' if dense_min is None else dense_min}")
+    return out
+
+
 def preprocess(
     *,
     out: str,
@@ -497,36 +587,71 @@ def preprocess(
     block_bytes: int = 8 << 20,
     keep_raw: bool = False,
     dense_min: Optional[int] = None,
+    overwrite: bool = False,
     timings: Optional[Dict[str, float]] = None,
 ) -> Dict[str, Any]:
     """Run the passes; returns the written ``meta.json`` content. ``timings``, if given, receives each pass's
     wall seconds under ``parse`` and ``dense``.
 
     Args:
-        out: dataset directory (created).
+        out: dataset directory (created). One that already holds a ``meta.json`` is resumed: days whose marker
+            matches are kept, the others redone.
         layout: ``terabyte`` (``inputs`` are day files, one per entry of ``days``) or ``kaggle`` (``inputs`` is one
             ``train.txt``, cut into 7 days of ``N*k//7 .. N*(k+1)//7`` rows).
         table_rows: rows of the 26 tables the category hashes are mapped into (MLPerf cardinalities).
         transform: ``mlperf`` or ``log1p`` (module doc).
         dense_min: fix ``m`` instead of computing it from the training days (e.g. to add days to a dataset).
+        overwrite: rebuild a dataset in ``out`` that was built with other options (layout, days, input files,
+            table rows, transform, ``m``); without it such a run is refused before anything is written, since it
+            would replace the dataset (hours of work on Criteo 1TB).
 
     Raises:
-        TsvFormatError / PreprocessError: bad input, naming file and line.
+        TsvFormatError / PreprocessError: bad input, naming file and line; fewer than 2 days (:func:`check_days`);
+            a Kaggle file of fewer than 7 lines; ``out`` a file, or holding a dataset built with other options
+            (without ``overwrite``).
     """
     if transform not in TRANSFORMS:
         raise PreprocessError(f"--dense-transform {transform!r}: choose one of {', '.join(TRANSFORMS)}")
     if len(table_rows) != NUM_CAT or min(table_rows) < 1:
         raise PreprocessError(f"--table-rows: give {NUM_CAT} positive table sizes, got {list(table_rows)}")
-    os.makedirs(out, exist_ok=True)
+    if layout == "kaggle":
+        days = list(range(KAGGLE_DAYS))
+    elif layout == "terabyte":
+        check_days(days)
+        if len(inputs) != len(days):
+            raise PreprocessError(f"{len(inputs)} input files for {len(days)} days")
+    else:
+        raise PreprocessError(f"--layout {layout!r}: choose terabyte or kaggle")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PreprocessError(
+            f"--out {out}: a file, not a directory; give a directory (a new one, or a dataset to resume)"
+        )
+    if not overwrite:
+        try:
+            with open(os.path.join(out, B.META), encoding="utf-8") as f:
+                prev = json.load(f)
+            changed = _changed_options(prev, layout, inputs, days, table_rows, transform, dense_min)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+            changed = []  # no finished dataset, or a damaged meta.json that this run rewrites
+        if changed:
+            raise PreprocessError(
+                f"--out {out} holds a dataset built with other options ({'; '.join(changed)}), which this run "
+                "would replace; give another --out, or add --overwrite to rebuild it there"
+            )
     jobs = []
     if layout == "kaggle":
         (path,) = inputs
         st = os.stat(path)
         n = count_lines(path, block_bytes)
+        if n < KAGGLE_DAYS:
+            raise PreprocessError(
+                f"--input {path}: {n} lines, fewer than the {KAGGLE_DAYS} days --layout kaggle cuts it into (day k: "
+                f"lines N*k//{KAGGLE_DAYS}+1 .. N*(k+1)//{KAGGLE_DAYS}); give a file of at least "
+                f"{KAGGLE_DAYS} rows"
+            )
         bounds = [n * k // KAGGLE_DAYS for k in range(KAGGLE_DAYS + 1)]
         gz = is_gzip(path)
         offs = [0] * KAGGLE_DAYS if gz else line_offsets(path, [b + 1 for b in bounds[:-1]], block_bytes)
-        days = list(range(KAGGLE_DAYS))
         for k in days:
             jobs.append(
                 dict(
@@ -540,17 +665,15 @@ def preprocess(
                     else st.st_size // KAGGLE_DAYS,
                 )
             )
-    elif layout == "terabyte":
-        if len(inputs) != len(days):
-            raise PreprocessError(f"{len(inputs)} input files for {len(days)} days")
+    else:
         for d, path in zip(days, inputs):
             jobs.append(
                 dict(path=path, day=d, start_byte=0, start_line=1, max_lines=None, progress_bytes=os.path.getsize(path))
             )
-    else:
-        raise PreprocessError(f"--layout {layout!r}: choose terabyte or kaggle")
-    if len(jobs) < 2:
-        raise PreprocessError("need at least 2 days: training days and the last day for validation/test")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:  # a file on the way, or no permission
+        raise PreprocessError(f"--out {out}: cannot create it ({e.strerror}); give a directory you can write") from None
     full = []
     for j in jobs:
         st = os.stat(j["path"])
