@@ -548,22 +548,31 @@ def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optio
     checks its share of the blocks, :func:`verify_checkpoint`).
 
     ``checkpoint.resume=auto``: the newest complete checkpoint under ``root`` that is intact; a damaged one is
-    logged, naming the file, and the previous one is tried. ``none``: None. A path: that checkpoint, which must
+    logged, naming the file, and the previous one is tried. ``none``: None, in a ``root`` without checkpoints. A
+    path: that checkpoint, which must
     be intact and, when it lies in ``root``, the newest there. Interrupted saves (``step_<N>.tmp``) are removed
     first.
 
     Raises:
-        ConfigError: ``checkpoint.resume`` names no checkpoint, or an older one of ``root``: this run's saves would
-            go beside the newer ones of the abandoned run, ``checkpoint.keep_last`` would prune the oldest (the one
-            resumed from) and a restart with ``resume=auto`` would take the abandoned run's newest.
+        ConfigError: ``checkpoint.resume`` names no checkpoint, or an older one of ``root``, or is ``none`` where
+            ``root`` holds checkpoints: this run's saves would go beside the newer ones of the abandoned run,
+            ``checkpoint.keep_last`` would prune the oldest (the one resumed from, or this run's first) and a
+            restart with ``resume=auto`` would take the abandoned run's newest.
         CheckpointError: the named checkpoint is damaged, or every checkpoint under ``root`` is.
     """
-    if cfg.resume == "none":
-        return None
     box: List[Any] = [None]
     if info.is_main:
         _remove_interrupted(root)
-        if cfg.resume == "auto":
+        if cfg.resume == "none":
+            found = list_checkpoints(root)
+            box[0] = (
+                f"config key `checkpoint.resume`: none, but {root} holds {os.path.basename(found[-1][1])} of an "
+                "earlier run; set checkpoint.dir=<a new directory> (or hydra.run.dir) to start fresh, leave "
+                "checkpoint.resume=auto to continue it, or move its checkpoints aside"
+                if found
+                else []
+            )
+        elif cfg.resume == "auto":
             box[0] = [p for _, p in reversed(list_checkpoints(root))]
         else:
             try:
@@ -602,7 +611,7 @@ def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optio
     if candidates:
         raise CheckpointError(
             f"every checkpoint in {root} is damaged (see the warnings above); move them aside, "
-            "or set checkpoint.resume=none to start fresh"
+            "or set checkpoint.dir=<a new directory> to start fresh"
         )
     log.info("checkpoint: none in %s; starting fresh", root)
     return None
@@ -754,12 +763,13 @@ def check_resume(path: str, meta: Any, run: RunFacts) -> None:
                 f"config key `data.{key}`: checkpoint {path} was trained with data.{key}="
                 f"{_as_override(was.get(key))}, this run has {_as_override(getattr(data, key))}; its step {step} "
                 f"would point at other rows: set data.{key}={_as_override(was.get(key))}, or checkpoint.resume=none "
-                "to start fresh"
+                "in a new checkpoint.dir to start fresh"
             )
     if data.shuffle and seed != run.config.seed:
         raise ConfigError(
             f"config key `seed`: checkpoint {path} shuffled its rows with seed={seed}, this run has "
-            f"{run.config.seed}; set seed={seed} so the shuffled order carries over, or checkpoint.resume=none"
+            f"{run.config.seed}; set seed={seed} so the shuffled order carries over, or checkpoint.resume=none in "
+            "a new checkpoint.dir"
         )
     if meta["global_batch"] != run.global_batch:
         raise ConfigError(
@@ -773,7 +783,7 @@ def check_resume(path: str, meta: Any, run: RunFacts) -> None:
             f"{meta['world_size']} ranks, this run has {run.steps_per_epoch}: its training split has another size, "
             "or this world size drops a last partial batch (fewer rows than ranks) that the other kept; resume on "
             f"{meta['world_size']} ranks with the data settings of its meta.json `config.data`, or "
-            "checkpoint.resume=none"
+            "checkpoint.resume=none in a new checkpoint.dir"
         )
 
 

@@ -28,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from dlrm.config import CONF_DIR, InputError, compose, error_line, register_configs
+from dlrm.dist import launch_env
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
@@ -93,8 +94,9 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     Raises:
         InputError: ``$DLRM_RUN_NAME`` is not a plain directory name, or ``$DLRM_OUTPUT_ROOT`` holds a quote or
             a backslash (Hydra's override grammar cannot quote them); the message names the variable and the fix.
+            A launch variable that cannot be right (:func:`dlrm.dist.launch_env`).
     """
-    rank = int(env.get("RANK", "0"))
+    rank = launch_env(env)[0]
     out: List[str] = []
     if rank != 0 and not _has_override(argv, "hydra.output_subdir"):
         out.append("hydra.output_subdir=null")
@@ -114,6 +116,33 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     elif OUTPUT_ROOT_ENV in env:
         out.append(f"hydra.run.dir={_quote(root + '/${now:%Y-%m-%d}/${now:%H-%M-%S}')}")
     return out
+
+
+def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[str, str]) -> None:
+    """Create the run directory's fixed part (up to any ``${now:...}``) now, so that a path that cannot be one
+    stops the run with one line instead of Hydra's traceback.
+
+    Raises:
+        InputError: the directory cannot be made (a file in its way, no permission), naming ``hydra.run.dir`` or
+            ``$DLRM_OUTPUT_ROOT`` (whichever gave it).
+    """
+    given = [a for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
+    made = [a for a in overrides if a.startswith("hydra.run.dir=")]
+    if given:
+        where, path = "config key `hydra.run.dir`", given[-1].split("=", 1)[1]
+    elif made:
+        where, path = f"environment variable ${OUTPUT_ROOT_ENV}", made[-1].split("=", 1)[1]
+    else:
+        where, path = f"environment variable ${OUTPUT_ROOT_ENV} (default {DEFAULT_OUTPUT_ROOT})", DEFAULT_OUTPUT_ROOT
+    fixed = path.strip("'\"").split("${", 1)[0] or "."
+    if os.path.exists(fixed) and not os.path.isdir(fixed):
+        raise InputError(f"{where}: the run directory {fixed} is a file; give a directory")
+    try:
+        os.makedirs(fixed, exist_ok=True)
+    except OSError as e:
+        raise InputError(
+            f"{where}: cannot make the run directory {fixed} ({e.strerror or e}); give a writable directory"
+        ) from None
 
 
 register_configs()
@@ -158,11 +187,12 @@ def hydra_main(cfg: DictConfig) -> None:
 def check_overrides(argv: Sequence[str]) -> None:
     """Compose the config with the command line's overrides once before Hydra's app starts, so that a misspelt
     key, a value of the wrong type or an unknown group option is one ``error:`` line (exit 2) instead of Hydra's
-    multi-line message. With a flag (``--cfg``, ``--multirun``, ...) or a sweep (``optimizer.lr=0.1,0.2``,
-    ``hydra.mode=MULTIRUN``) nothing is checked here: Hydra composes each job itself.
+    multi-line message. With a flag (``--cfg``, ``--multirun``, ...) or a sweep (``optimizer.lr=0.1,0.2``) with
+    ``hydra.mode=MULTIRUN`` nothing is checked here: Hydra composes each job itself.
 
     Raises:
-        InputError: the overrides do not compose (the message is Hydra's, on one line).
+        InputError: the overrides do not compose (the message is Hydra's, on one line), or a sweep without
+            ``--multirun``.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -171,7 +201,14 @@ def check_overrides(argv: Sequence[str]) -> None:
     if any(a.startswith("-") for a in argv):
         return
     try:
-        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(list(argv))):
+        sweeps = [o for o in OverridesParser.create().parse_overrides(list(argv)) if o.is_sweep_override()]
+        if sweeps and not any(a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv):
+            o = sweeps[0]
+            raise InputError(
+                f"config key `{o.get_key_element()}`: {o.input_line} is a sweep, one job per "
+                "value; add --multirun (or hydra.mode=MULTIRUN) to run them, or give one value"
+            )
+        if sweeps:
             return
         compose(list(argv), CONF_DIR)
     except (HydraException, OmegaConfBaseException) as e:
@@ -188,6 +225,7 @@ def main() -> None:
     try:
         check_overrides(sys.argv[1:])
         overrides = run_dir_overrides(sys.argv[1:], os.environ)
+        check_run_dir(sys.argv[1:], overrides, os.environ)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

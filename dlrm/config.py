@@ -171,6 +171,8 @@ class ModelConfig:
             "model.over_arch_layer_sizes",
             "the last size must be 1 (one click logit)",
         )
+        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes"):
+            _check(all(w > 0 for w in getattr(self, key)), f"model.{key}", "every layer needs a positive width")
         _check(self.dense_buckets >= 0, "model.dense_buckets", "must be >= 0 (0: no buckets)")
         _check(self.dense_bucket_width > 0, "model.dense_bucket_width", "must be positive")
         if self.interaction == "dcn":
@@ -264,6 +266,8 @@ class DataConfig:
             "must be positive or null",
         )
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", "must be in (0, 1)")
+        _check(0 <= self.multi_hot_seed < 2**32, "data.multi_hot_seed", "must be in 0 .. 2**32 - 1 (a numpy seed)")
+        _check(self.teacher_dim >= 0, "data.teacher_dim", "must be >= 0")
         if self.val_fraction != DataConfig.__dataclass_fields__["val_fraction"].default:
             _check(
                 self.name != "criteo_binary",
@@ -401,6 +405,7 @@ class OptimizerConfig:
         _check(self.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
         _check(self.decay_steps >= 0, "optimizer.decay_steps", "must be >= 0")
         _check(self.decay_start_step >= 0, "optimizer.decay_start_step", "must be >= 0")
+        _check(self.decay_power > 0, "optimizer.decay_power", "must be positive (a negative power raises the rate)")
         if self.decay_steps:
             _check(
                 self.decay_start_step >= self.warmup_steps,
@@ -1167,16 +1172,39 @@ def compose(overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> 
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
-def output_file_problem(path: str) -> Optional[str]:
-    """Why ``path`` cannot name a file for a command to write: ``empty``, ``a directory``, or ``no such directory
-    '<dir>'``; None when it can (its directory exists). The command lines check their output path with it before
-    any work."""
+def output_file_problem(path: str, overwrite: bool = False) -> Optional[str]:
+    """Why ``path`` cannot name a file for a command to write: ``empty``, ``a directory``, ``no such directory
+    '<dir>'``, ``already exists`` (unless ``overwrite``: a file is not replaced by accident), ``directory '<dir>' is
+    not writable`` or ``the file is not writable``; None when it can. The command lines check their output path
+    with it before any work."""
     if not path:
         return "empty"
     if os.path.isdir(path):
         return "a directory"
     where = os.path.dirname(path) or "."
-    return None if os.path.isdir(where) else f"no such directory {where!r}"
+    if not os.path.isdir(where):
+        return f"no such directory {where!r}"
+    exists = os.path.exists(path)
+    if exists and not overwrite:
+        return "already exists"
+    if not (os.access(where, os.W_OK) and can_write(path)):
+        return "the file is not writable" if exists else f"directory {where!r} is not writable"
+    return None
+
+
+def can_write(path: str) -> bool:
+    """Whether ``path`` opens for writing, tried without changing it: a new file is created and removed again, an
+    existing one is opened without truncating. ``os.access`` alone passes for root where nothing can be created
+    (``/proc``, a read-only mount). Non-blocking, so that a FIFO without a reader fails instead of hanging."""
+    exists = os.path.exists(path)
+    flags = os.O_WRONLY | os.O_NONBLOCK | (0 if exists else os.O_CREAT | os.O_EXCL)
+    try:
+        os.close(os.open(path, flags, 0o644))
+        if not exists:
+            os.remove(path)
+    except OSError:
+        return False
+    return True
 
 
 def error_line(e: BaseException) -> str:
@@ -1193,6 +1221,10 @@ def error_line(e: BaseException) -> str:
     if unknown is not None:
         return str(unknown)
     text = " ".join(str(e).split()).split(" Config search path:")[0]  # Hydra appends its search path
+    missing = re.search(r"Could not load '(\w+)/([^']+)'", text)  # an unknown entry of a list group (logger=[...])
+    if missing and missing.group(1) in GROUPS:
+        group = missing.group(1)
+        return f"{text} Available options in '{group}': {' '.join(group_options(group))}"
     cause = e.__cause__
     if isinstance(e, HydraException) and isinstance(cause, OmegaConfBaseException) and str(cause).strip():
         text += f" ({str(cause).strip().splitlines()[0].strip()})"

@@ -11,6 +11,7 @@ import os
 import socket
 import warnings
 from dataclasses import dataclass
+from typing import Dict, Mapping, Tuple
 
 import torch
 import torch.distributed as dist
@@ -86,6 +87,49 @@ def _warn_shared_store_restarts(rank: int) -> None:
         )
 
 
+def launch_env(env: Mapping[str, str]) -> Tuple[int, int, int, int]:
+    """``(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)`` as the launcher set them (defaults: one process; the
+    local world size defaults to the world size).
+
+    Raises:
+        ConfigError: a variable that is not a whole number, ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE`` below 1, a rank
+            outside its world, or a world size that is not a multiple of the local one: set by hand, such a job
+            would wait for ranks that never come.
+    """
+    got: Dict[str, int] = {}
+    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        got[name] = _env_int(env, name, default)
+    got["LOCAL_WORLD_SIZE"] = _env_int(env, "LOCAL_WORLD_SIZE", str(got["WORLD_SIZE"]))
+    rank, world, local_rank, local_world = (got[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    fix = "launch with torchrun or torchx (they set all four), or unset them for one process"
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        if got[name] < 1:
+            raise ConfigError(f"environment: {name}={got[name]} must be at least 1; {fix}")
+    if not 0 <= rank < world:
+        raise ConfigError(f"environment: RANK={rank} is outside WORLD_SIZE={world} (ranks 0-{world - 1}); {fix}")
+    if not 0 <= local_rank < local_world:
+        raise ConfigError(
+            f"environment: LOCAL_RANK={local_rank} is outside LOCAL_WORLD_SIZE={local_world} "
+            f"(ranks 0-{local_world - 1}); {fix}"
+        )
+    if world % local_world:
+        raise ConfigError(
+            f"environment: WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world} (ranks per "
+            f"host); {fix}"
+        )
+    return rank, world, local_rank, local_world
+
+
+def _env_int(env: Mapping[str, str], name: str, default: str) -> int:
+    value = env.get(name, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(
+            f"environment: {name}={value!r} is not a whole number; launch with torchrun or torchx, or unset {name}"
+        ) from None
+
+
 def init_distributed(device_name: str = "auto") -> DistInfo:
     """Initialise the default process group (idempotent) and pick this rank's device (:func:`resolve_device`)
     from the launcher's environment (module docstring).
@@ -97,12 +141,9 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
         This rank's :class:`DistInfo` (backend ``nccl`` on CUDA, ``gloo`` on CPU).
 
     Raises:
-        ConfigError: see :func:`resolve_device`; ``WORLD_SIZE`` > 1 without ``MASTER_ADDR``.
+        ConfigError: see :func:`resolve_device` and :func:`launch_env`; ``WORLD_SIZE`` > 1 without ``MASTER_ADDR``.
     """
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    rank, world, local_rank, local_world = launch_env(os.environ)
     device = resolve_device(device_name, local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():

@@ -2,6 +2,7 @@
 
     python -m dlrm.export runs/a/checkpoints/step_200 model.pt    # a step_<N> directory
     python -m dlrm.export runs/a/checkpoints model.pt             # or the newest complete one under a directory
+    python -m dlrm.export runs/a/checkpoints model.pt --force     # replace an existing model.pt
 
 ``model.pt`` is ``torch.save`` of a plain ``{name: tensor}`` dict with the keys of the unsharded
 ``DLRMTrain`` that ``dlrm.model.build_model`` returns; load it with::
@@ -16,7 +17,9 @@ Every table is gathered whole into host memory, so the host needs the model's fu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import sys
 from typing import Dict, Optional, Sequence
 
@@ -25,7 +28,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from dlrm.checkpoint import CheckpointError, resolve_checkpoint, unreadable_data, verify_checkpoint
+from dlrm.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    resolve_checkpoint,
+    unreadable_data,
+    verify_checkpoint,
+)
 from dlrm.config import output_file_problem
 
 
@@ -75,25 +84,81 @@ def export(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:
     return sd
 
 
+def _run_checkpoints(path: str) -> Optional[str]:
+    """The checkpoint directory of ``path`` when ``path`` is a run directory whose checkpoints are complete: the
+    ``checkpoint.dir`` of its ``config.yaml``, else ``<path>/checkpoints``; None otherwise."""
+    from omegaconf import OmegaConf
+
+    dirs = []
+    try:
+        configured = OmegaConf.select(OmegaConf.load(os.path.join(path, "config.yaml")), "checkpoint.dir")
+    except Exception:  # noqa: BLE001 - no config.yaml, or not one of a run: only the default place is tried
+        configured = None
+    if isinstance(configured, str) and configured:
+        dirs.append(configured)
+    dirs.append(os.path.join(path, "checkpoints"))
+    return next((d for d in dirs if latest_checkpoint(d) is not None), None)
+
+
+def _out_problem(out: str, force: bool) -> Optional[str]:
+    """The ``error:`` line for an ``OUT`` that cannot or must not be written, or None."""
+    why = output_file_problem(out, overwrite=force)
+    if why is None:
+        return None
+    if why.startswith("no such directory"):
+        fix = "create it or pass another path"
+    elif why == "already exists":
+        fix = "pass another path, or --force to overwrite it"
+    elif why.endswith("not writable"):
+        fix = "pass another path"
+    else:
+        fix = "give the path of the .pt file to write"
+    return f"error: OUT {out!r}: {why}; {fix}"
+
+
+def _save_error(e: BaseException) -> str:
+    """``torch.save``'s failure as a few words: an OSError's reason, or the RuntimeError of torch's zip writer
+    without its ``[enforce fail at ...]`` source location."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = " ".join(str(e).split())
+    return re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", text) or type(e).__name__
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m dlrm.export CHECKPOINT OUT``; returns the exit status: 0, or 2 after one ``error:`` line on
-    stderr when ``CHECKPOINT`` holds no complete checkpoint or a damaged one, or when ``OUT`` is empty, a directory
-    or in a directory that does not exist (checked before any table is gathered)."""
+    """``python -m dlrm.export CHECKPOINT OUT [--force]``; returns the exit status: 0, or 2 after one ``error:`` line
+    on stderr when ``CHECKPOINT`` holds no complete checkpoint or a damaged one (a run directory is answered with
+    its checkpoint directory), when ``OUT`` is empty, a directory, in a directory that does not exist or cannot be
+    written, or exists without ``--force`` (all checked before any table is gathered), or when writing ``OUT``
+    fails (a partial file it created is removed)."""
     ap = argparse.ArgumentParser(prog="python -m dlrm.export", description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint", help="a step_<N> checkpoint directory, or a directory holding some")
     ap.add_argument("out", help="output .pt file (a plain state dict)")
+    ap.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     args = ap.parse_args(argv)
-    why = output_file_problem(args.out)
-    if why is not None:
-        missing_dir = why.startswith("no such directory")
-        fix = "create it or pass another path" if missing_dir else "give the path of the .pt file to write"
-        print(f"error: OUT {args.out!r}: {why}; {fix}", file=sys.stderr)
+    line = _out_problem(args.out, args.force)
+    if line is not None:
+        print(line, file=sys.stderr)
         return 2
     try:
         path = _checkpoint_dir(args.checkpoint)
-        sd = export(path, args.out)
-    except (FileNotFoundError, CheckpointError) as e:
+        sd = full_state_dict(path, "model.")
+    except FileNotFoundError as e:
+        found = _run_checkpoints(args.checkpoint) if os.path.isdir(args.checkpoint) else None
+        fix = f"; it is a run directory: give its checkpoint directory {found!r} (or a step_<N> in it)" if found else ""
+        print(f"error: {e}{fix}", file=sys.stderr)
+        return 2
+    except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    existed = os.path.exists(args.out)
+    try:
+        torch.save(sd, args.out)
+    except (OSError, RuntimeError) as e:  # torch.save reports most write failures as a RuntimeError
+        if not existed and os.path.isfile(args.out):
+            with contextlib.suppress(OSError):
+                os.remove(args.out)  # a truncated .pt that torch.load would fail on later
+        print(f"error: OUT {args.out!r}: cannot be written ({_save_error(e)}); pass another path", file=sys.stderr)
         return 2
     n = sum(v.numel() for v in sd.values())
     print(f"exported {path}: {len(sd)} tensors, {n / 1e6:.2f} M parameters -> {args.out}")

@@ -7,8 +7,9 @@
     python train.py sharding.plan_path=plan.json ...          # then train with exactly that plan
 
 Arguments are the trainer's Hydra overrides plus ``world_size=N`` (default 1), ``local_world_size=N`` (default:
-the world size, i.e. one host), ``out=<file>`` (write ``plan.json``) and ``--link-gbps R`` (the link rate for
-the traffic times, Gb/s per direction per rank, within and across hosts). ``device=cuda`` plans for GPUs
+the world size, i.e. one host), ``out=<file>`` (write ``plan.json``; an existing file is refused unless
+``force=true``) and ``--link-gbps R`` (the link rate for the traffic times, Gb/s per direction per rank, within and
+across hosts); each once, and only the flags with a leading ``--``. ``device=cuda`` plans for GPUs
 (``sharding.hbm_cap_gb`` is required where no GPU is visible); ``device=cpu`` or ``auto`` plans for this
 machine's kind. The per-rank batch is ``data.global_batch_size / world_size`` when set, else
 ``data.batch_size``, as in the trainer. Prints the plan table and the estimated memory per rank, then the
@@ -24,7 +25,6 @@ tables stay on meta.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import warnings
 from typing import List, Optional, Sequence, Tuple
@@ -34,13 +34,22 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from dlrm import estimate as est
-from dlrm.config import Config, ConfigError, InputError, compose, error_line, output_file_problem, to_config
+from dlrm.config import (
+    Config,
+    ConfigError,
+    InputError,
+    compose,
+    error_line,
+    output_file_problem,
+    to_config,
+    unknown_key_error,
+)
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
 from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
 
-OWN_KEYS = ("world_size", "local_world_size", "out")
+OWN_KEYS = ("world_size", "local_world_size", "out", "force")
 LINK_FLAG = "--link-gbps"
 ESTIMATE_FLAG = "--estimate"
 STEP_MS_FLAG = "--step-ms"
@@ -67,18 +76,23 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
 
     Raises:
         ConfigError: ``--link-gbps`` or ``--step-ms`` without a positive number after it; ``world_size`` or
-            ``local_world_size`` not a whole number.
+            ``local_world_size`` not a whole number; ``force`` not true or false; one of these given twice; a
+            setting or override written with a leading ``--``, or another unknown ``--`` option.
     """
     own, overrides = {}, []
+    given: dict = {}  # own key or flag -> the value first given, to refuse a second one
     args = list(argv)
     while args:
         a = args.pop(0)
         key, eq, value = a.partition("=")
-        if key == ESTIMATE_FLAG and not eq:
+        if key == ESTIMATE_FLAG:
+            if eq:
+                raise ConfigError(f"{a}: {ESTIMATE_FLAG} takes no value; write {ESTIMATE_FLAG}")
             own["estimate"] = True
         elif key in NUMBER_FLAGS:
             name, hint = NUMBER_FLAGS[key]
             value = value if eq else (args.pop(0) if args else "")
+            _once(given, key, value, key)
             try:
                 number = float(value)
             except ValueError:
@@ -86,19 +100,57 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
             if not number > 0:
                 raise ConfigError(f"{key}: got {value!r}; {hint}")
             own[name] = number
+        elif key.startswith("--"):
+            raise _dashed(a, args)
         elif eq and key in OWN_KEYS:
-            if key != "out":
+            _once(given, key, value, f"config key `{key}`")
+            if key == "out":
+                own[key] = value
+            elif key == "force":
+                if value.lower() not in ("true", "false"):
+                    raise ConfigError(f"config key `force`: got {value!r}; give true or false, e.g. force=true")
+                own[key] = value.lower() == "true"
+            else:
                 try:
                     own[key] = int(value)
                 except ValueError:
                     raise ConfigError(
                         f"config key `{key}`: got {value!r}; give a number of ranks, e.g. {key}=8"
                     ) from None
-            else:
-                own[key] = value
         else:
             overrides.append(a)
     return own, overrides
+
+
+def _once(given: dict, key: str, value: str, what: str) -> None:
+    """Record ``key=value``; a second value would otherwise silently replace the first.
+
+    Raises:
+        ConfigError: ``key`` was given before (``what`` names it).
+    """
+    if key in given:
+        raise ConfigError(f"{what}: given twice ({given[key]!r}, then {value!r}); give it once")
+    given[key] = value
+
+
+def _dashed(arg: str, rest: Sequence[str]) -> ConfigError:
+    """The error for ``arg``, a ``--`` option that is none of the flags: a setting or override written with a
+    leading ``--`` (Hydra's own message for it is a lexer error) gets the spelling without it."""
+    body = arg[2:]
+    key, eq, _ = body.partition("=")
+    known = key in OWN_KEYS or (bool(key) and unknown_key_error(key) is None)
+    if eq and key:
+        fixed = body
+    elif key == "force":
+        fixed = "force=true"
+    elif known:
+        fixed = f"{key}={rest[0] if rest and not rest[0].startswith('-') else '<value>'}"
+    else:
+        return ConfigError(
+            f"{arg}: unknown option; the options are {LINK_FLAG} R, {STEP_MS_FLAG} X and {ESTIMATE_FLAG} (settings "
+            "and overrides are key=value, e.g. world_size=2)"
+        )
+    return ConfigError(f"{arg}: write {fixed} (settings and overrides take no leading --)")
 
 
 def plan_job(overrides: Sequence[str], world_size: int = 1, local_world_size: Optional[int] = None) -> PlanInfo:
@@ -182,19 +234,21 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
     return est.format_estimate(est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms), source)
 
 
-def _check_out(out: str) -> None:
-    """Refuse an ``out=`` that cannot be written, before the planner runs.
+def _check_out(out: str, force: bool) -> None:
+    """Refuse an ``out=`` that cannot be written, or that exists without ``force=true``, before the planner runs.
 
     Raises:
-        ConfigError: ``out`` is empty or a directory, or its directory does not exist or is not writable.
+        ConfigError: ``out`` is empty or a directory, its directory does not exist or is not writable, or it
+            exists and ``force`` is false (a hand-balanced plan such as conf/plans/*.json would be lost) or it
+            is not writable.
     """
-    why = output_file_problem(out)
-    where = os.path.dirname(out) or "."
-    if why is None and not os.access(where, os.W_OK):
-        why = f"directory {where!r} is not writable"
-    if why is None:
-        return
-    raise ConfigError(f"config key `out`: {out!r}: {why}; give the plan.json file to write, e.g. out=plan.json")
+    why = output_file_problem(out, overwrite=force)
+    if why == "already exists":
+        raise ConfigError(
+            f"config key `out`: {out!r}: already exists; pass another path, or force=true to overwrite it"
+        )
+    if why is not None:
+        raise ConfigError(f"config key `out`: {out!r}: {why}; give the plan.json file to write, e.g. out=plan.json")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -213,7 +267,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         own, overrides = _split_args(args)
         if "out" in own:
-            _check_out(own["out"])
+            _check_out(own["out"], own.get("force", False))
         pi, cfg, model, batch = _plan_job(
             overrides,
             own.get("world_size", 1),
@@ -235,7 +289,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     if "out" in own:
-        save_plan(pi, own["out"])
+        try:
+            save_plan(pi, own["out"])
+        except OSError as e:  # checked writable above; e.g. the disk filled up
+            why = f"cannot be written ({e.strerror or e}); pass another path"
+            print(f"error: config key `out`: {own['out']!r}: {why}", file=sys.stderr)
+            return 2
         print(f"wrote {own['out']} (train with it: sharding.plan_path={own['out']})")
     return 0
 

@@ -15,6 +15,9 @@ exits ``128 + signal number`` (143 for SIGTERM), the POSIX status of a process s
   state ``PREEMPTED`` (or ``CANCELLED`` for ``scancel``) with exit code ``143:0`` instead of ``1:0``.
 - torchx ``local_cwd`` / ``local_docker``: the app ends ``FAILED`` either way; the status tells the two apart.
 
+A bad argument or config is the other end handled here: every rank prints its ``error:`` line and exits 2, and
+torchrun would add a ``ChildFailedError`` traceback and exit 1; the launcher exits 2 instead, adding nothing.
+
 A restarted job resumes from the newest complete checkpoint with ``checkpoint.resume=auto`` (the default).
 torchrun gives its workers 30 s between the forwarded signal and SIGKILL (``--shutdown-timeout`` where the
 installed torch has it); the scheduler's grace period (Kubernetes ``terminationGracePeriodSeconds``, Slurm
@@ -28,7 +31,11 @@ import sys
 from typing import List, Optional
 
 from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
+
+# The exit status of the trainer's (and the other commands') bad-input errors, after their one `error:` line.
+USER_ERROR_STATUS = 2
 
 
 def exit_status(sig: int) -> int:
@@ -37,10 +44,19 @@ def exit_status(sig: int) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run torchrun with ``argv`` (default ``sys.argv[1:]``); return its status, or :func:`exit_status` of the
-    signal that stopped it. torchrun's own errors (bad arguments, a failed worker) pass through unchanged."""
+    """Run torchrun with ``argv`` (default ``sys.argv[1:]``); return its status, :func:`exit_status` of the
+    signal that stopped it, or :data:`USER_ERROR_STATUS` when every failed worker exited with it (each printed its
+    ``error:`` line). torchrun's own errors (bad arguments, a worker failing otherwise) pass through unchanged.
+
+    Raises:
+        ChildFailedError: a worker failed with another status or a signal (torchrun's report of it).
+    """
     try:
         torchrun_main(argv)
+    except ChildFailedError as e:
+        if {f.exitcode for f in e.failures.values()} == {USER_ERROR_STATUS}:
+            return USER_ERROR_STATUS  # the ranks' error lines say it all; torchrun's report would bury them
+        raise
     except SignalException as e:
         name = signal.Signals(e.sigval).name
         status = exit_status(e.sigval)

@@ -215,16 +215,17 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
-        """Prepare the run (collective: every rank calls it): join the process group, write ``config.yaml`` and
-        ``plan.json`` (rank 0), load the splits, choose and verify the checkpoint to resume from, plan and shard
-        the model, build the optimizers, schedule and pipeline, then restore the checkpoint if there is one.
+        """Prepare the run (collective: every rank calls it): join the process group, load the splits, choose and
+        verify the checkpoint to resume from, plan and shard the model, build the optimizers, schedule and
+        pipeline, restore the checkpoint if there is one, then write ``config.yaml`` and ``plan.json`` (rank 0).
 
         Raises:
             ConfigError: a launch environment that cannot work (``WORLD_SIZE`` > 1 without ``MASTER_ADDR``, more
                 local ranks than GPUs); a config value this run cannot use: a device, offload, perf or pipeline
                 setting this device or world cannot run, ``data.global_batch_size`` not a multiple of the world
                 size, fewer training rows than ranks, data kept on the GPU that fills its HBM,
-                ``checkpoint.resume`` naming no checkpoint, a checkpoint of another global batch.
+                ``checkpoint.resume`` naming no checkpoint, or ``none`` where checkpoints are, a checkpoint of
+                another global batch, a ``checkpoint.dir`` that is a file, a sink's directory that cannot be made.
             InputError: other bad input, as the subclass that names the file, row or table: a data file
                 (``TsvFormatError``, ``BinaryFormatError``; a directory given as a file), the sharding
                 (``PlanError``), a damaged or mismatched checkpoint (``CheckpointError``).
@@ -242,6 +243,18 @@ class Trainer:
         self.run_dir = self._agree_run_dir(self.run_dir)
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
+        # the sinks' own directories now, not after planning; every rank, so none waits on a rank that stopped
+        sinks = [("logger.tensorboard.dir", cfg.logger.tensorboard.dir, cfg.logger.tensorboard.enabled)]
+        sinks.append(("logger.mlperf.file", os.path.dirname(cfg.logger.mlperf.file), cfg.logger.mlperf.enabled))
+        for key, sub, on in sinks:
+            path = os.path.join(self.run_dir, sub)
+            try:
+                if on and sub:
+                    os.makedirs(path, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(
+                    f"config key `{key}`: cannot make {path} ({e.strerror or e}); give a writable path"
+                ) from None
         setup_logging(info.rank, self.run_dir)
         self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
         self.mlperf.init_start()
@@ -250,9 +263,6 @@ class Trainer:
             if isinstance(self.raw_cfg, DictConfig)
             else OmegaConf.to_container(OmegaConf.structured(cfg))
         )
-        if info.is_main:
-            with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as f:
-                f.write(OmegaConf.to_yaml(resolved))
 
         gb = cfg.data.global_batch_size
         if gb is not None and gb % info.world_size:
@@ -336,7 +346,10 @@ class Trainer:
         self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
         # the checkpoint to resume from is chosen (and verified) before planning: its saved plan is reused when
         # this job has the layout it was planned for, and its tables replace the initial ones
-        resume_from = choose_checkpoint(cfg.checkpoint, checkpoint_root(cfg.checkpoint, self.run_dir), info)
+        root = checkpoint_root(cfg.checkpoint, self.run_dir)
+        if os.path.exists(root) and not os.path.isdir(root):  # else the first save would fail after training
+            raise ConfigError(f"config key `checkpoint.dir`: {root} is a file; give a directory")
+        resume_from = choose_checkpoint(cfg.checkpoint, root, info)
         build_cfg = cfg
         if self.device_data_bytes:  # the planner may use what the data on the device leaves of its HBM
             hbm = cfg.sharding.hbm_cap_gb or torch.cuda.get_device_properties(info.device).total_memory / 2**30
@@ -383,7 +396,6 @@ class Trainer:
                 batch_size=self.batch_size,
             )
             log.info("%s", traffic_report(traffic, info.device.type))
-            save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
         log.info(
             "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
             self.batch_size,
@@ -419,6 +431,10 @@ class Trainer:
         )
         if self.ckpt.resume(self.state, resume_from):
             self.metrics.advance(self.step)
+        if info.is_main:  # only once the resume checks passed: a refused relaunch leaves the run's files as they were
+            with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as f:
+                f.write(OmegaConf.to_yaml(resolved))
+            save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
         if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
             self._compile_eval_step()
 

@@ -21,7 +21,7 @@ import re
 from typing import Dict, List, Optional
 
 import torchx.specs as specs
-from torchx.components.dist import ddp
+from torchx.components.dist import ddp, parse_nnodes
 
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers get a fresh TCPStore per restart instead of sharing the
 # agent's, whose keys outlive a restart; with it shared, a rank restarted by `torchrun --max_restarts` can read
@@ -97,10 +97,21 @@ def trainer(
 
     Raises:
         ValueError: an empty mount source, a ``run_name`` that is not a plain directory name, ``outputs``
-            together with a different ``output_root``, or a negative ``max_restarts``.
+            together with a different ``output_root``, a negative ``max_restarts`` or ``max_retries``, a ``j``
+            that is not ``[min:]NxP`` or ``P``, or (``gpu`` > 0 without ``h``) more processes per node than ``gpu``.
     """
     if max_restarts < 0:
         raise ValueError(f"--max_restarts={max_restarts} must be >= 0")
+    if max_retries < 0:
+        raise ValueError(f"--max_retries={max_retries} must be >= 0")
+    nproc = parse_nnodes(j)[2]
+    # local rank r trains on cuda:<r> (dlrm/dist.py): past gpu the job would fail on the cluster after
+    # scheduling; with h the named resource sets the GPUs, not gpu
+    if h is None and 0 < gpu < nproc:
+        raise ValueError(
+            f"-j {j} runs {nproc} processes per node but --gpu {gpu} gives each node {gpu} GPUs; run at most one "
+            f"process per GPU (-j ...x{gpu}) or ask for --gpu {nproc}"
+        )
     job_env: Dict[str, str] = dict(DEFAULT_ENV)
     if nccl_debug:
         job_env["NCCL_DEBUG"] = nccl_debug

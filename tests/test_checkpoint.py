@@ -569,6 +569,98 @@ def test_export_to_a_missing_directory_is_refused_before_loading(
     assert not out.parent.exists()
 
 
+def _no_gathering(*args, **kwargs):
+    raise AssertionError("tables gathered before OUT was checked")
+
+
+def test_export_refuses_an_existing_or_unwritable_out_before_loading(
+    two_checkpoints: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An existing OUT is kept unless ``--force``; an OUT that cannot be created (``/proc``, where ``os.access``
+    passes for root) is refused before any table is gathered."""
+    import dlrm.export
+    from dlrm.export import main as export_main
+
+    ck = str(two_checkpoints / "checkpoints" / "step_8")
+    out = tmp_path / "m.pt"
+    out.write_bytes(b"keep")
+    with monkeypatch.context() as m:
+        m.setattr(dlrm.export, "full_state_dict", _no_gathering)
+        assert export_main([ck, str(out)]) == 2
+        assert capsys.readouterr().err == (
+            f"error: OUT {str(out)!r}: already exists; pass another path, or --force to overwrite it\n"
+        )
+        if Path("/proc/self").is_dir():
+            assert export_main([ck, "/proc/model.pt"]) == 2
+            assert capsys.readouterr().err == (
+                "error: OUT '/proc/model.pt': directory '/proc' is not writable; pass another path\n"
+            )
+    assert out.read_bytes() == b"keep"
+    assert export_main([ck, str(out), "--force"]) == 0
+    assert sorted(torch.load(out)) == sorted(dlrm.export.full_state_dict(ck, "model."))
+
+
+@pytest.mark.parametrize(
+    "raised,why",
+    [
+        (
+            RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 64 vs 12"),
+            "unexpected pos 64 vs 12",
+        ),
+        (OSError(28, "No space left on device"), "No space left on device"),
+    ],
+)
+def test_export_write_failure_is_one_error_line_and_leaves_no_partial_file(
+    two_checkpoints: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    raised: BaseException,
+    why: str,
+) -> None:
+    from dlrm.export import main as export_main
+
+    out = tmp_path / "m.pt"
+
+    def failing_save(obj, f) -> None:
+        Path(f).write_bytes(b"PK\x03\x04")  # the start of torch's zip, then the write fails
+        raise raised
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    assert export_main([str(two_checkpoints / "checkpoints"), str(out)]) == 2
+    assert capsys.readouterr().err == f"error: OUT {str(out)!r}: cannot be written ({why}); pass another path\n"
+    assert not out.exists()
+
+
+def test_export_of_a_run_directory_names_its_checkpoint_directory(
+    two_checkpoints: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A run directory is not a checkpoint: the error gives the run's checkpoint directory (``checkpoint.dir`` of
+    its config.yaml, else ``<run>/checkpoints``) where it holds complete checkpoints."""
+    from dlrm.export import main as export_main
+
+    neither = "is neither a step_<N> checkpoint (with .metadata and meta.json) nor a directory holding one"
+    out = str(tmp_path / "m.pt")
+    assert export_main([str(two_checkpoints), out]) == 2
+    ck = str(two_checkpoints / "checkpoints")
+    assert capsys.readouterr().err == (
+        f"error: checkpoint {str(two_checkpoints)!r} {neither}; it is a run directory: give its checkpoint "
+        f"directory {ck!r} (or a step_<N> in it)\n"
+    )
+    elsewhere = tmp_path / "run"  # trained with checkpoint.dir=<ck>
+    elsewhere.mkdir()
+    (elsewhere / "config.yaml").write_text(f"checkpoint:\n  dir: {ck}\n")
+    assert export_main([str(elsewhere), out]) == 2
+    assert capsys.readouterr().err == (
+        f"error: checkpoint {str(elsewhere)!r} {neither}; it is a run directory: give its checkpoint "
+        f"directory {ck!r} (or a step_<N> in it)\n"
+    )
+    (elsewhere / "config.yaml").unlink()
+    assert export_main([str(elsewhere), out]) == 2
+    assert capsys.readouterr().err == f"error: checkpoint {str(elsewhere)!r} {neither}\n"
+    assert not Path(out).exists()
+
+
 def test_a_checkpoint_without_its_manifest_is_damaged(two_checkpoints: Path, tmp_path: Path) -> None:
     """Every save writes manifest.json: a step_<N> without one was copied or written incompletely. ``resume=auto``
     falls back to the previous checkpoint; ``resume=<it>`` is refused."""
@@ -634,18 +726,19 @@ def _run_facts(meta: dict, **data: object):
             dict(num_train_samples=2048),
             "config key `data.num_train_samples`: checkpoint {ck} was trained with data.num_train_samples=4096, this "
             "run has 2048; its step 8 would point at other rows: set data.num_train_samples=4096, or "
-            "checkpoint.resume=none to start fresh",
+            "checkpoint.resume=none in a new checkpoint.dir to start fresh",
         ),
         (
             dict(shuffle=True),
             "config key `data.shuffle`: checkpoint {ck} was trained with data.shuffle=false, this run has true; its "
-            "step 8 would point at other rows: set data.shuffle=false, or checkpoint.resume=none to start fresh",
+            "step 8 would point at other rows: set data.shuffle=false, or checkpoint.resume=none in a new "
+            "checkpoint.dir to start fresh",
         ),
         (
             dict(name="criteo_binary", dataset_dir="/data/bin"),
             "config key `data.name`: checkpoint {ck} was trained with data.name=synthetic, this run has "
             "criteo_binary; its step 8 would point at other rows: set data.name=synthetic, or checkpoint.resume=none "
-            "to start fresh",
+            "in a new checkpoint.dir to start fresh",
         ),
     ],
 )
@@ -674,7 +767,7 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
     assert str(e.value) == (
         f"config key `seed`: checkpoint {ck} shuffled its rows with seed={meta['config']['seed']}, this run has "
         f"{meta['config']['seed'] + 1}; set seed={meta['config']['seed']} so the shuffled order carries over, or "
-        "checkpoint.resume=none"
+        "checkpoint.resume=none in a new checkpoint.dir"
     )
     meta = read_meta(ck)
     facts = _run_facts(meta)
@@ -685,7 +778,7 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
         f"config key `data`: checkpoint {ck} was trained at 64 steps per epoch on 1 ranks, this run has 63: its "
         "training split has another size, or this world size drops a last partial batch (fewer rows than ranks) "
         "that the other kept; resume on 1 ranks with the data settings of its meta.json `config.data`, or "
-        "checkpoint.resume=none"
+        "checkpoint.resume=none in a new checkpoint.dir"
     )
 
 

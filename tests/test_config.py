@@ -103,6 +103,33 @@ def test_bad_values_name_the_key(override: str, key: str) -> None:
         to_config(compose([override]))
 
 
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("data.multi_hot_seed=-1", "config key `data.multi_hot_seed`: must be in 0 .. 2**32 - 1 (a numpy seed)"),
+        ("data.teacher_dim=-1", "config key `data.teacher_dim`: must be >= 0"),
+        (
+            "model.dense_arch_layer_sizes=[-5,16]",
+            "config key `model.dense_arch_layer_sizes`: every layer needs a positive width",
+        ),
+        (
+            "model.over_arch_layer_sizes=[0,1]",
+            "config key `model.over_arch_layer_sizes`: every layer needs a positive width",
+        ),
+        (
+            "optimizer.decay_power=-2",
+            "config key `optimizer.decay_power`: must be positive (a negative power raises the rate)",
+        ),
+    ],
+)
+def test_values_torch_or_numpy_would_fail_on_late_are_refused(override: str, message: str) -> None:
+    """Each would otherwise fail deep in torch, numpy or TorchRec with a traceback, or (a negative decay power)
+    train with a rising rate."""
+    with pytest.raises(ConfigError) as e:
+        to_config(compose([override]))
+    assert str(e.value) == message
+
+
 def test_a_file_path_with_synthetic_data_is_refused() -> None:
     with pytest.raises(ConfigError, match="config key `data.train_path`: is set .* add data=criteo_tsv"):
         to_config(compose(["data.train_path=x.tsv"]))
@@ -239,6 +266,16 @@ def test_wandb_sink_without_the_package_is_refused_when_the_config_loads(monkeyp
             ["model=nosuch"],
             "In 'config': Could not find 'model/nosuch' Available options in 'model': dlrm dlrm_v2 dlrm_v2_small",
         ),
+        (
+            ["logger=[stdout,csv]"],
+            "In 'config': Could not load 'logger/csv'. Available options in 'logger': jsonl mlperf stdout "
+            "tensorboard wandb",
+        ),
+        (
+            ["optimizer.lr=0.01,0.02"],
+            "config key `optimizer.lr`: optimizer.lr=0.01,0.02 is a sweep, one job per value; add --multirun (or "
+            "hydra.mode=MULTIRUN) to run them, or give one value",
+        ),
     ],
 )
 def test_overrides_that_do_not_compose_are_one_line_before_hydra_starts(argv, message: str) -> None:
@@ -248,6 +285,52 @@ def test_overrides_that_do_not_compose_are_one_line_before_hydra_starts(argv, me
         check_overrides([*argv, "hydra.run.dir=/nonexistent"])
     assert str(e.value) == message
     check_overrides(["data.batch_size=abc", "--cfg", "job"])  # with a flag Hydra handles everything
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"RANK": "1"}, "RANK=1 is outside WORLD_SIZE=1 (ranks 0-0)"),  # alone it would wait for rank 0 forever
+        (
+            {"WORLD_SIZE": "abc"},
+            "WORLD_SIZE='abc' is not a whole number; launch with torchrun or torchx, or unset WORLD_SIZE",
+        ),
+        ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 must be at least 1"),
+        (
+            {"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+            "LOCAL_RANK=2 is outside LOCAL_WORLD_SIZE=2 (ranks 0-1)",
+        ),
+        (
+            {"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "2"},
+            "WORLD_SIZE=1 is not a multiple of LOCAL_WORLD_SIZE=2 (ranks per host)",
+        ),
+    ],
+)
+def test_launch_variables_that_cannot_be_right_are_refused(env: dict, message: str) -> None:
+    from dlrm.dist import launch_env
+
+    assert launch_env({}) == (0, 1, 0, 1)
+    assert launch_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == (3, 4, 1, 2)
+    with pytest.raises(ConfigError) as e:
+        launch_env(env)
+    assert str(e.value).startswith(f"environment: {message}")
+
+
+def test_a_run_directory_that_cannot_be_made_is_refused_before_hydra(tmp_path: Path) -> None:
+    from dlrm.cli import check_run_dir
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(InputError) as e:
+        check_run_dir([f"hydra.run.dir={tmp_path / 'f'}"], [], {})
+    assert str(e.value) == f"config key `hydra.run.dir`: the run directory {tmp_path / 'f'} is a file; give a directory"
+    with pytest.raises(InputError) as e:
+        check_run_dir([], [f"hydra.run.dir='{tmp_path / 'f' / 'job'}'"], {"DLRM_OUTPUT_ROOT": str(tmp_path / "f")})
+    assert str(e.value) == (
+        f"environment variable $DLRM_OUTPUT_ROOT: cannot make the run directory {tmp_path / 'f' / 'job'} (Not a "
+        "directory); give a writable directory"
+    )
+    check_run_dir([], [f"hydra.run.dir='{tmp_path}/runs/${{now:%H-%M-%S}}'"], {})  # the fixed part is made
+    assert (tmp_path / "runs").is_dir()
 
 
 def test_valid_command_lines_pass_the_override_check(tmp_path: Path) -> None:

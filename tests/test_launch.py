@@ -198,6 +198,49 @@ def test_sigterm_to_the_launcher_saves_and_exits_143(tmp_path: Path) -> None:
     assert (ck / f"step_{saved.group(1)}" / "manifest.json").is_file(), sorted(os.listdir(ck))
 
 
+def test_a_config_error_under_the_launcher_exits_2_without_a_traceback(tmp_path: Path) -> None:
+    """Each rank prints its ``error:`` line and exits 2; the launcher exits 2 too, without torchrun's
+    ChildFailedError traceback (the error happens at config load: no training)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node", "2", "train.py"]
+        + ["data.global_batch_size=257"],
+        cwd=REPO,
+        env=_env(DLRM_OUTPUT_ROOT=str(tmp_path / "runs")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = p.stdout + p.stderr
+    assert p.returncode == 2, text
+    assert "Traceback" not in text and "ChildFailedError" not in text, text
+    line = (
+        "error: config key `data.global_batch_size`: 257 does not divide over 2 ranks; use a multiple of the world size"
+    )
+    assert line in p.stderr, text  # the ranks' lines may interleave: no line-exact check
+
+
+@pytest.mark.parametrize("codes,status", [([2, 2], 2), ([2], 2), ([1, 2], None), ([-9], None)])
+def test_launcher_exits_2_only_when_every_failed_worker_did(
+    codes: list, status: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    import dlrm.torchrun
+
+    def failing(argv: object) -> None:
+        failures = {
+            r: ProcessFailure(local_rank=r, pid=100 + r, exitcode=c, error_file="<N/A>") for r, c in enumerate(codes)
+        }
+        raise ChildFailedError("train.py", failures)
+
+    monkeypatch.setattr(dlrm.torchrun, "torchrun_main", failing)
+    if status is None:
+        with pytest.raises(ChildFailedError):
+            dlrm.torchrun.main([])
+    else:
+        assert dlrm.torchrun.main([]) == status
+
+
 # --------------------------------------------------------------------------------------------- component
 def test_component_appdef() -> None:
     app = trainer(
@@ -253,6 +296,45 @@ def test_component_appdef() -> None:
         trainer(outputs="/mnt/runs", output_root="/elsewhere")
     with pytest.raises(ValueError, match="empty mount source for /data"):
         trainer(data="")
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_retries": -1}, "--max_retries=-1 must be >= 0"),
+        (
+            {"j": "1x4", "gpu": 2},
+            "-j 1x4 runs 4 processes per node but --gpu 2 gives each node 2 GPUs; run at most one process per GPU "
+            "(-j ...x2) or ask for --gpu 4",
+        ),
+        (
+            {"j": "1:2x8", "gpu": 4},
+            "-j 1:2x8 runs 8 processes per node but --gpu 4 gives each node 4 GPUs; run at most one process per GPU "
+            "(-j ...x4) or ask for --gpu 8",
+        ),
+    ],
+)
+def test_component_refuses_negative_retries_and_more_processes_than_gpus(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        trainer(**kwargs)
+    assert str(e.value) == message
+    # torchx reports a component's exception with its traceback; the message is its last line
+    p = subprocess.run(
+        [str(BIN / "torchx"), "run", "--dryrun", "-s", "local_cwd", "launch/components.py:trainer"]
+        + [a for k, v in kwargs.items() for a in (f"-{k}" if len(k) == 1 else f"--{k}", str(v))],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode != 0 and p.stderr.splitlines()[-1] == f"ValueError: {message}", p.stdout + p.stderr
+
+
+def test_component_accepts_one_process_per_gpu_or_a_cpu_job() -> None:
+    assert "--nproc_per_node 2" in trainer(j="1x2", gpu=2).roles[0].args[1]
+    assert "--nproc_per_node 4" in trainer(j="1x4", gpu=0).roles[0].args[1]  # gloo on CPUs: no GPU to share
+    assert trainer(max_retries=0).roles[0].max_retries == 0
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

@@ -572,6 +572,41 @@ def test_a_list_constraint_takes_one_bare_value() -> None:
             "(Value 'abc' of type 'str' could not be converted to Integer)",
         ),
         (["world_size=two"], "error: config key `world_size`: got 'two'; give a number of ranks, e.g. world_size=8"),
+        # a setting or override with a leading --: Hydra's own message is a LexerNoViableAltException
+        (
+            ["--world_size=2"],
+            "error: --world_size=2: write world_size=2 (settings and overrides take no leading --)",
+        ),
+        (["--world_size", "2"], "error: --world_size: write world_size=2 (settings and overrides take no leading --)"),
+        (
+            ["--data.batch_size=8"],
+            "error: --data.batch_size=8: write data.batch_size=8 (settings and overrides take no leading --)",
+        ),
+        (
+            ["--sharding", "row_wise"],
+            "error: --sharding: write sharding=row_wise (settings and overrides take no leading --)",
+        ),
+        (["--force"], "error: --force: write force=true (settings and overrides take no leading --)"),
+        (
+            ["--worldsize"],
+            "error: --worldsize: unknown option; the options are --link-gbps R, --step-ms X and --estimate (settings "
+            "and overrides are key=value, e.g. world_size=2)",
+        ),
+        (["--estimate=yes"], "error: --estimate=yes: --estimate takes no value; write --estimate"),
+        # a second value would silently replace the first
+        (
+            ["out=a.json", "out=b.json"],
+            "error: config key `out`: given twice ('a.json', then 'b.json'); give it once",
+        ),
+        (
+            ["world_size=2", "world_size=4"],
+            "error: config key `world_size`: given twice ('2', then '4'); give it once",
+        ),
+        (
+            ["--link-gbps", "400", "--link-gbps=3600"],
+            "error: --link-gbps: given twice ('400', then '3600'); give it once",
+        ),
+        (["force=yes"], "error: config key `force`: got 'yes'; give true or false, e.g. force=true"),
         (
             ["+sharding.constraints.t_cat_0.min_partition=abc"],
             "error: config key `sharding.constraints.t_cat_0.min_partition`: got 'abc'; give a whole number or "
@@ -615,6 +650,12 @@ def test_plan_command_bad_override_is_one_error_line(args: List[str], line: str,
             ["out={tmp}"],
             "error: config key `out`: '{tmp}': a directory; give the plan.json file to write, e.g. out=plan.json",
         ),
+        pytest.param(
+            ["out=/proc/plan.json"],  # os.access passes for root here; the file cannot be created
+            "error: config key `out`: '/proc/plan.json': directory '/proc' is not writable; give the plan.json file "
+            "to write, e.g. out=plan.json",
+            marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc"),
+        ),
     ],
 )
 def test_plan_command_bad_layout_or_out_is_refused_before_planning(
@@ -625,6 +666,38 @@ def test_plan_command_bad_layout_or_out_is_refused_before_planning(
     assert main([*SMALL, *(a.format(tmp=tmp_path) for a in args)]) == 2
     out = capsys.readouterr()
     assert out.err == line.format(tmp=tmp_path) + "\n" and out.out == ""
+
+
+def test_plan_command_refuses_an_existing_out_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An existing ``out=`` (e.g. the hand-balanced conf/plans/*.json) is refused before planning; ``force=true``
+    replaces it."""
+    import dlrm.plan
+    from dlrm.plan import main
+
+    shipped = REPO / "conf" / "plans" / "dlrm_v2_cap4m_2gpu_table_wise.json"
+    f = tmp_path / "p.json"
+    f.write_text("{}\n")
+    before = shipped.read_bytes()
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("planned before refusing out=")
+
+    with monkeypatch.context() as m:
+        m.setattr(dlrm.plan, "_plan_job", no_planning)
+        for path in (shipped, f):
+            assert main([*SMALL, f"out={path}"]) == 2
+            out = capsys.readouterr()
+            assert out.err == (
+                f"error: config key `out`: {str(path)!r}: already exists; pass another path, or force=true to "
+                "overwrite it\n"
+            )
+            assert out.out == ""
+    assert shipped.read_bytes() == before and f.read_text() == "{}\n"
+    assert main([*SMALL, f"out={f}", "force=true"]) == 0
+    assert json.loads(f.read_text())["world_size"] == 1
+    assert main([*SMALL, f"out={tmp_path / 'new.json'}", "force=false"]) == 0  # a new file needs no force
 
 
 def test_plan_is_the_same_under_every_hash_seed(tmp_path: Path) -> None:

@@ -233,3 +233,50 @@ def test_two_rank_trainer_exits_cleanly_under_load(tmp_path: Path) -> None:
     finally:
         burner.kill()
         burner.wait()
+
+
+def test_a_refused_relaunch_leaves_the_run_as_it_was(tmp_path: Path) -> None:
+    """A relaunch in a run directory with checkpoints: ``checkpoint.resume=none`` is refused (its saves would go
+    beside the earlier run's, and ``keep_last`` would prune them first), and so is another model; either way the
+    run's checkpoints, ``config.yaml`` and ``plan.json`` stay as they were. A ``checkpoint.dir`` that is a file is
+    refused before training."""
+    from dlrm.config import ConfigError, InputError, compose
+    from dlrm.trainer import Trainer
+
+    base = [
+        "data.num_train_samples=512",
+        "data.num_val_samples=256",
+        "data.num_test_samples=0",
+        "data.batch_size=128",
+        "eval.every_n_steps=null",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.async_save=false",
+        "logger=[jsonl]",
+    ]
+    t = Trainer(compose(base), str(tmp_path))
+    try:
+        t.fit()
+    finally:
+        t.close()
+    root = tmp_path / "checkpoints"
+    kept = {n: (tmp_path / n).read_bytes() for n in ("config.yaml", "plan.json")}
+    assert sorted(os.listdir(root)) == ["step_2", "step_4"]
+    none = (
+        f"config key `checkpoint.resume`: none, but {root} holds step_4 of an earlier run; set "
+        "checkpoint.dir=<a new directory> (or hydra.run.dir) to start fresh, leave checkpoint.resume=auto to "
+        "continue it, or move its checkpoints aside"
+    )
+    (tmp_path / "afile").write_text("")
+    for extra, error, match in (
+        (["checkpoint.resume=none"], ConfigError, re.escape(none) + "$"),
+        (["model.embedding_dim=32", "model.dense_arch_layer_sizes=[64,32]"], InputError, "has shape"),
+        ([f"checkpoint.dir={tmp_path / 'afile'}"], ConfigError, "is a file; give a directory$"),
+    ):
+        t = Trainer(compose(base + extra), str(tmp_path))
+        try:
+            with pytest.raises(error, match=match):
+                t.setup()
+        finally:
+            t.close()
+    assert sorted(os.listdir(root)) == ["step_2", "step_4"]
+    assert {n: (tmp_path / n).read_bytes() for n in kept} == kept

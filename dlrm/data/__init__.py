@@ -281,8 +281,9 @@ def eval_batches(
     share is empty yields only padding.
 
     Yields:
-        ``batch``: a ``Batch`` of ``batch_size`` rows (an in-memory split's on its device, :func:`to_batch`).
-        ``weight``: float32 ``[batch_size]``, on the CPU whatever the split's device.
+        ``batch``: a ``Batch`` of ``batch_size`` rows, or of the longest share's when that is fewer (an in-memory
+            split's on its device, :func:`to_batch`).
+        ``weight``: float32 ``[batch_size]`` (that size), on the CPU whatever the split's device.
     """
     if not isinstance(split, Split):  # data=criteo_binary (dlrm/data/binary.py), same layout
         from dlrm.data import binary
@@ -302,6 +303,7 @@ def eval_batches(
     bounds = [n * r // world_size for r in range(world_size + 1)]
     lo, hi = bounds[rank], bounds[rank + 1]
     longest = max(bounds[r + 1] - bounds[r] for r in range(world_size))
+    batch_size = max(1, min(batch_size, longest))  # no batch of mostly padding (the same on every rank)
     n_batches = math.ceil(longest / batch_size)
     for i in range(n_batches):
         start = lo + i * batch_size

@@ -806,6 +806,7 @@ def eval_batches(
     bounds = [n * r // world_size for r in range(world_size + 1)]
     lo, hi = bounds[rank], bounds[rank + 1]
     longest = max(bounds[r + 1] - bounds[r] for r in range(world_size))
+    batch_size = max(1, min(batch_size, longest))  # no batch of mostly padding (the same on every rank)
 
     def gen() -> Iterator[Tuple[Batch, torch.Tensor]]:
         for i in range(math.ceil(longest / batch_size)):
