@@ -863,6 +863,9 @@ class TensorBoardSink:
     dir: str = "tensorboard"
     """Directory under the run directory."""
 
+    def __post_init__(self) -> None:
+        _needs_package(self.enabled, "tensorboard", "tensorboard", "tensorboard==2.21.0 (or pip install -e .)")
+
 
 @dataclass
 class WandbSink:
@@ -886,13 +889,18 @@ class WandbSink:
             "logger.wandb.mode",
             f"got {self.mode!r}; use online, offline, disabled or null",
         )
-        # an optional extra: refused when the config loads, not after the model is planned and sharded
-        _check(
-            not self.enabled or importlib.util.find_spec("wandb") is not None,
-            "logger",
-            "logger=[...,wandb] needs the wandb package, which is not installed; pip install -e '.[wandb]' (or "
-            "pip install wandb), or leave wandb out of logger",
-        )
+        _needs_package(self.enabled, "wandb", "wandb", "-e '.[wandb]' (or pip install wandb)")
+
+
+def _needs_package(enabled: bool, module: str, sink: str, install: str) -> None:
+    """Refuse a sink whose package is missing when the config loads, not after the model is planned and sharded
+    (wandb is an extra; the others are dependencies that a hand-assembled environment can lack)."""
+    _check(
+        not enabled or importlib.util.find_spec(module) is not None,
+        "logger",
+        f"logger=[...,{sink}] needs the {module} package, which is not installed; pip install {install}, or leave "
+        f"{sink} out of logger",
+    )
 
 
 @dataclass
@@ -916,6 +924,7 @@ class MlperfSink:
         _check(
             self.submission_division in ("open", "closed"), "logger.mlperf.submission_division", "use open or closed"
         )
+        _needs_package(self.enabled, "mlperf_logging", "mlperf", "mlperf-logging==4.1.68 (or pip install -e .)")
 
 
 @dataclass

@@ -236,13 +236,25 @@ def test_settings_the_run_would_not_follow_are_refused(overrides, message: str) 
     assert str(e.value) == message
 
 
-def test_wandb_sink_without_the_package_is_refused_when_the_config_loads(monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "sink,module,install",
+    [
+        ("wandb", "wandb", "-e '.[wandb]' (or pip install wandb)"),
+        ("mlperf", "mlperf_logging", "mlperf-logging==4.1.68 (or pip install -e .)"),
+        ("tensorboard", "tensorboard", "tensorboard==2.21.0 (or pip install -e .)"),
+    ],
+)
+def test_a_sink_without_its_package_is_refused_when_the_config_loads(monkeypatch, sink, module, install) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"config key `logger`: logger=\[...,wandb\] needs the wandb package"):
-        to_config(compose(["logger=[stdout,wandb]"]))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    with pytest.raises(ConfigError) as e:
+        to_config(compose([f"logger=[stdout,{sink}]"]))
+    assert str(e.value) == (
+        f"config key `logger`: logger=[...,{sink}] needs the {module} package, which is not installed; pip install "
+        f"{install}, or leave {sink} out of logger"
+    )
 
 
 @pytest.mark.parametrize(
