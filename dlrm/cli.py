@@ -28,7 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from dlrm.config import CONF_DIR, InputError, compose, error_line, register_configs
-from dlrm.dist import launch_env
+from dlrm.dist import env_int
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
@@ -94,9 +94,9 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     Raises:
         InputError: ``$DLRM_RUN_NAME`` is not a plain directory name, or ``$DLRM_OUTPUT_ROOT`` holds a quote or
             a backslash (Hydra's override grammar cannot quote them); the message names the variable and the fix.
-            A launch variable that cannot be right (:func:`dlrm.dist.launch_env`).
+            ``RANK`` is not a whole number.
     """
-    rank = launch_env(env)[0]
+    rank = env_int(env, "RANK", "0")  # the rest of the launch variables: dlrm.dist.launch_env
     out: List[str] = []
     if rank != 0 and not _has_override(argv, "hydra.output_subdir"):
         out.append("hydra.output_subdir=null")

@@ -1,14 +1,14 @@
 """Process group and device set-up for single-process, ``torchrun`` and ``torchx dist.ddp`` launches.
 
 The launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
-``MASTER_PORT``) decides the layout; a plain ``python train.py`` becomes a world of one on a free local port.
+``MASTER_PORT``) decides the layout; a plain ``python train.py`` becomes a world of one over an in-process store
+(no port: a port probed free can be taken by another process before the store listens on it).
 Backend: NCCL on CUDA, gloo on CPU.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from dataclasses import dataclass
 from typing import Dict, Mapping, Tuple
@@ -35,12 +35,6 @@ class DistInfo:
     def is_main(self) -> bool:
         """Rank 0: the rank that writes the run's files."""
         return self.rank == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def resolve_device(name: str, local_rank: int) -> torch.device:
@@ -98,8 +92,8 @@ def launch_env(env: Mapping[str, str]) -> Tuple[int, int, int, int]:
     """
     got: Dict[str, int] = {}
     for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        got[name] = _env_int(env, name, default)
-    got["LOCAL_WORLD_SIZE"] = _env_int(env, "LOCAL_WORLD_SIZE", str(got["WORLD_SIZE"]))
+        got[name] = env_int(env, name, default)
+    got["LOCAL_WORLD_SIZE"] = env_int(env, "LOCAL_WORLD_SIZE", str(got["WORLD_SIZE"]))
     rank, world, local_rank, local_world = (got[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
     fix = "launch with torchrun or torchx (they set all four), or unset them for one process"
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
@@ -120,7 +114,12 @@ def launch_env(env: Mapping[str, str]) -> Tuple[int, int, int, int]:
     return rank, world, local_rank, local_world
 
 
-def _env_int(env: Mapping[str, str], name: str, default: str) -> int:
+def env_int(env: Mapping[str, str], name: str, default: str) -> int:
+    """The launch variable ``name`` of ``env`` (``default`` when unset) as an int.
+
+    Raises:
+        ConfigError: it is not a whole number.
+    """
     value = env.get(name, default)
     try:
         return int(value)
@@ -148,16 +147,20 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         _warn_shared_store_restarts(rank)
+        store = None
         if "MASTER_ADDR" not in os.environ:
             if world != 1:
                 raise ConfigError(
                     f"environment: WORLD_SIZE={world} but MASTER_ADDR is unset, so the ranks cannot meet; launch "
                     "with torchrun or torchx (they set both), or unset WORLD_SIZE for one process"
                 )
-            os.environ["MASTER_ADDR"] = "127.0.0.1"
-            os.environ["MASTER_PORT"] = str(_free_port())
+            store = dist.HashStore()
         dist.init_process_group(
-            backend=backend, rank=rank, world_size=world, device_id=device if device.type == "cuda" else None
+            backend=backend,
+            rank=rank,
+            world_size=world,
+            store=store,
+            device_id=device if device.type == "cuda" else None,
         )
     return DistInfo(rank, world, local_rank, local_world, device, backend)
 
