@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_train_e2e import BIN, ENV, one_error_line, records, run
@@ -179,6 +180,20 @@ def test_mlperf_log_records_the_tables_own_learning_rate(tmp_path: Path) -> None
     assert got == {"with.log": {**want, "opt_sparse_base_learning_rate": 0.02}, "without.log": want}
 
 
+def _fit_in_process(tmp_path: Path, *overrides: str, rows: int) -> Any:
+    """Train the small synthetic model in this process on ``rows`` rows at global batch 128 (256 validation rows,
+    metrics.jsonl only) and return the closed trainer."""
+    from dlrm.trainer import Trainer
+
+    base = [f"data.num_train_samples={rows}", "data.num_val_samples=256", "data.global_batch_size=128"]
+    t = Trainer(compose([*base, "logger=[jsonl]", *overrides]), str(tmp_path))
+    try:
+        t.fit()
+    finally:
+        t.close()
+    return t
+
+
 def test_mlperf_timed_run_ends_before_the_final_checkpoint_and_test_split(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,10 +201,8 @@ def test_mlperf_timed_run_ends_before_the_final_checkpoint_and_test_split(
     ``run_stop`` as training ends, before the final checkpoint and the test split (untimed, as in the MLPerf
     reference); the per-epoch cadence is the reference's floor(rows / (global batch * per_epoch))."""
     from dlrm.checkpoint import Checkpointer
-    from dlrm.config import compose
     from dlrm.metrics import EvalAccumulator
     from dlrm.mlperf_log import MlperfLogger
-    from dlrm.trainer import Trainer
 
     calls: list = []
 
@@ -208,23 +221,14 @@ def test_mlperf_timed_run_ends_before_the_final_checkpoint_and_test_split(
     record(EvalAccumulator, "compute", "auc")
     record(Checkpointer, "at_end", "checkpoint")
     # 1000 rows at global batch 128: 8 steps (the last partial), validations every 1000 // (128 * 2) = 3 steps
-    cfg = compose(
-        [
-            "data.num_train_samples=1000",
-            "data.num_val_samples=256",
-            "data.num_test_samples=128",
-            "data.global_batch_size=128",
-            "eval.every_n_steps=null",
-            "eval.per_epoch=2",
-            "eval.at_end=false",
-            "logger=[jsonl]",
-        ]
+    t = _fit_in_process(
+        tmp_path,
+        "data.num_test_samples=128",
+        "eval.every_n_steps=null",
+        "eval.per_epoch=2",
+        "eval.at_end=false",
+        rows=1000,
     )
-    t = Trainer(cfg, str(tmp_path))
-    try:
-        t.fit()
-    finally:
-        t.close()
     val = [r["step"] for r in t.history if "val_auc" in r]
     assert (t.total_steps, t.eval_every, val) == (8, 3, [3, 6])
     assert calls == ["eval_start", "auc", "eval_stop"] * 2 + ["run_stop", "checkpoint", "auc"]
@@ -236,27 +240,11 @@ def test_target_auc_counts_the_histogram_bound(
 ) -> None:
     """A validation AUC of 0.81 with target 0.8 stops the run only when 0.81 minus its error bound is still at
     the target: at the first validation with bound 0.005, never with 0.02."""
-    from dlrm.config import compose
     from dlrm.metrics import EvalAccumulator
-    from dlrm.trainer import Trainer
 
     fixed = dict(auc=0.81, auc_bound=bound, logloss=0.5, ne=0.9, accuracy=0.75, calibration=1.0, ctr=0.25)
     monkeypatch.setattr(EvalAccumulator, "compute", lambda self: {**fixed, "samples": 256})
-    cfg = compose(
-        [
-            "data.num_train_samples=768",
-            "data.num_val_samples=256",
-            "data.global_batch_size=128",
-            "eval.every_n_steps=2",
-            "eval.target_auc=0.8",
-            "logger=[jsonl]",
-        ]
-    )
-    t = Trainer(cfg, str(tmp_path))
-    try:
-        t.fit()
-    finally:
-        t.close()
+    t = _fit_in_process(tmp_path, "eval.every_n_steps=2", "eval.target_auc=0.8", rows=768)
     assert t.step == stop and [r["val_auc_bound"] for r in t.history if "val_auc" in r] == [bound] * (stop // 2)
 
 
