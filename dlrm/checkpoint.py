@@ -549,9 +549,8 @@ def choose_checkpoint(cfg: CheckpointConfig, root: str, info: DistInfo) -> Optio
 
     ``checkpoint.resume=auto``: the newest complete checkpoint under ``root`` that is intact; a damaged one is
     logged, naming the file, and the previous one is tried. ``none``: None, in a ``root`` without checkpoints. A
-    path: that checkpoint, which must
-    be intact and, when it lies in ``root``, the newest there. Interrupted saves (``step_<N>.tmp``) are removed
-    first.
+    path: that checkpoint, which must be intact and, when it lies in ``root``, the newest there. Interrupted saves
+    (``step_<N>.tmp``) are removed first.
 
     Raises:
         ConfigError: ``checkpoint.resume`` names no checkpoint, or an older one of ``root``, or is ``none`` where

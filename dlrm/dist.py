@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Mapping, Tuple
+from typing import Mapping, Tuple
 
 import torch
 import torch.distributed as dist
@@ -90,15 +90,16 @@ def launch_env(env: Mapping[str, str]) -> Tuple[int, int, int, int]:
             outside its world, or a world size that is not a multiple of the local one: set by hand, such a job
             would wait for ranks that never come.
     """
-    got: Dict[str, int] = {}
-    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        got[name] = env_int(env, name, default)
-    got["LOCAL_WORLD_SIZE"] = env_int(env, "LOCAL_WORLD_SIZE", str(got["WORLD_SIZE"]))
-    rank, world, local_rank, local_world = (got[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    rank, world, local_rank = (
+        env_int(env, "RANK", "0"),
+        env_int(env, "WORLD_SIZE", "1"),
+        env_int(env, "LOCAL_RANK", "0"),
+    )
+    local_world = env_int(env, "LOCAL_WORLD_SIZE", str(world))
     fix = "launch with torchrun or torchx (they set all four), or unset them for one process"
-    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        if got[name] < 1:
-            raise ConfigError(f"environment: {name}={got[name]} must be at least 1; {fix}")
+    for name, size in (("WORLD_SIZE", world), ("LOCAL_WORLD_SIZE", local_world)):
+        if size < 1:
+            raise ConfigError(f"environment: {name}={size} must be at least 1; {fix}")
     if not 0 <= rank < world:
         raise ConfigError(f"environment: RANK={rank} is outside WORLD_SIZE={world} (ranks 0-{world - 1}); {fix}")
     if not 0 <= local_rank < local_world:

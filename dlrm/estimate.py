@@ -79,27 +79,27 @@ def step_ms(sparse_type: str, graphed: bool, per_gpu_batch: int) -> float:
     points = STEP_MS.get((sparse_type, graphed))
     if points is None:
         raise ValueError(f"no measured step for optimizer.sparse_type={sparse_type}; give --step-ms")
-    xs = sorted(points)
-    if not xs[0] <= per_gpu_batch <= xs[-1]:
-        raise ValueError(f"the per-GPU batch {per_gpu_batch} is outside the measured {xs[0]}-{xs[-1]}; give --step-ms")
-    for a, b in zip(xs, xs[1:]):
-        if a <= per_gpu_batch <= b:
-            f = (per_gpu_batch - a) / (b - a)
-            return points[a] + f * (points[b] - points[a])
-    return points[xs[0]]
+    lo, hi = min(points), max(points)
+    if not lo <= per_gpu_batch <= hi:
+        raise ValueError(f"the per-GPU batch {per_gpu_batch} is outside the measured {lo}-{hi}; give --step-ms")
+    return _interpolate(points, per_gpu_batch)
 
 
 def epochs_to_target(global_batch: int) -> float:
     """Epochs to AUC 0.80275 at ``global_batch``: :data:`RCP_EPOCHS` linearly interpolated in the batch, as
     rcp_checker.py interpolates between reference batches (0.7911 at 65536); below or above the reference batches,
     the nearest one's figure."""
-    xs = sorted(RCP_EPOCHS)
-    if global_batch <= xs[0] or global_batch >= xs[-1]:
-        return RCP_EPOCHS[xs[0] if global_batch <= xs[0] else xs[-1]]
+    lo, hi = min(RCP_EPOCHS), max(RCP_EPOCHS)
+    return _interpolate(RCP_EPOCHS, min(max(global_batch, lo), hi))
+
+
+def _interpolate(points: Dict[int, float], x: int) -> float:
+    """``points`` (batch -> figure) linearly interpolated at ``x``, which lies within their batches."""
+    xs = sorted(points)
     for a, b in zip(xs, xs[1:]):
-        if a <= global_batch <= b:
-            return RCP_EPOCHS[a] + (global_batch - a) / (b - a) * (RCP_EPOCHS[b] - RCP_EPOCHS[a])
-    return RCP_EPOCHS[xs[-1]]
+        if a <= x <= b:
+            return points[a] + (x - a) / (b - a) * (points[b] - points[a])
+    return points[xs[0]]  # a single point
 
 
 def estimate(global_batch: int, world_size: int, compute_ms: float, comm_ms: float) -> Estimate:

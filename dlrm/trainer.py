@@ -244,13 +244,15 @@ class Trainer:
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
         # the sinks' own directories now, not after planning; every rank, so none waits on a rank that stopped
-        sinks = [("logger.tensorboard.dir", cfg.logger.tensorboard.dir, cfg.logger.tensorboard.enabled)]
-        sinks.append(("logger.mlperf.file", os.path.dirname(cfg.logger.mlperf.file), cfg.logger.mlperf.enabled))
-        for key, sub, on in sinks:
+        for key, sub, on in (
+            ("logger.tensorboard.dir", cfg.logger.tensorboard.dir, cfg.logger.tensorboard.enabled),
+            ("logger.mlperf.file", os.path.dirname(cfg.logger.mlperf.file), cfg.logger.mlperf.enabled),
+        ):
+            if not (on and sub):
+                continue
             path = os.path.join(self.run_dir, sub)
             try:
-                if on and sub:
-                    os.makedirs(path, exist_ok=True)
+                os.makedirs(path, exist_ok=True)
             except OSError as e:
                 raise ConfigError(
                     f"config key `{key}`: cannot make {path} ({e.strerror or e}); give a writable path"

@@ -280,3 +280,30 @@ def test_a_refused_relaunch_leaves_the_run_as_it_was(tmp_path: Path) -> None:
             t.close()
     assert sorted(os.listdir(root)) == ["step_2", "step_4"]
     assert {n: (tmp_path / n).read_bytes() for n in kept} == kept
+
+
+def test_sink_directories_are_made_at_start_or_refused(tmp_path: Path) -> None:
+    """An mlperf.log in a subdirectory of the run gets that directory; a tensorboard directory that cannot be made
+    stops set-up before planning, naming its key."""
+    from dlrm.config import ConfigError, compose
+    from dlrm.trainer import Trainer
+
+    (tmp_path / "afile").write_text("")
+    small = ["data.num_train_samples=256", "data.num_val_samples=128", "data.num_test_samples=0"]
+    t = Trainer(compose([*small, "logger=[jsonl,mlperf]", "logger.mlperf.file=sub/mlperf.log"]), str(tmp_path / "a"))
+    try:
+        t.fit()
+    finally:
+        t.close()
+    assert "run_stop" in (tmp_path / "a" / "sub" / "mlperf.log").read_text()
+    bad = tmp_path / "afile" / "tb"
+    t = Trainer(compose([*small, "logger=[jsonl,tensorboard]", f"logger.tensorboard.dir={bad}"]), str(tmp_path / "b"))
+    try:
+        with pytest.raises(ConfigError) as e:
+            t.setup()
+    finally:
+        t.close()
+    assert str(e.value) == (
+        f"config key `logger.tensorboard.dir`: cannot make {bad} (Not a directory); give a writable path"
+    )
+    assert not hasattr(t, "plan")  # set-up stopped before the planner ran

@@ -264,6 +264,19 @@ def batch_position(split: Split, step: int, *, global_batch: int, rank: int, wor
     return f"epoch {epoch} batch {i}: {where}"
 
 
+def eval_spans(n: int, batch_size: int, rank: int, world_size: int) -> Tuple[int, List[Tuple[int, int]]]:
+    """The evaluation layout of :func:`eval_batches` for a split of ``n`` rows: ``(batch size, [(start, real
+    rows), ...])`` of this rank's batches. Rows split into ``world_size`` contiguous shares (sizes differ by at
+    most one); every rank gets as many batches as the longest share needs, of ``batch_size`` rows or the longest
+    share's when that is fewer (no batch of mostly padding); ``real`` may be 0 past the end of a short share."""
+    bounds = [n * r // world_size for r in range(world_size + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    longest = max(bounds[r + 1] - bounds[r] for r in range(world_size))
+    batch_size = max(1, min(batch_size, longest))
+    starts = [lo + i * batch_size for i in range(math.ceil(longest / batch_size))]
+    return batch_size, [(start, max(0, min(batch_size, hi - start))) for start in starts]
+
+
 def eval_batches(
     split: Split,
     *,
@@ -299,15 +312,8 @@ def eval_batches(
             pin_memory=split.pin_memory,
         )
         return
-    n = len(split)
-    bounds = [n * r // world_size for r in range(world_size + 1)]
-    lo, hi = bounds[rank], bounds[rank + 1]
-    longest = max(bounds[r + 1] - bounds[r] for r in range(world_size))
-    batch_size = max(1, min(batch_size, longest))  # no batch of mostly padding (the same on every rank)
-    n_batches = math.ceil(longest / batch_size)
-    for i in range(n_batches):
-        start = lo + i * batch_size
-        real = max(0, min(batch_size, hi - start))
+    batch_size, spans = eval_spans(len(split), batch_size, rank, world_size)
+    for start, real in spans:
         idx = torch.zeros(batch_size, dtype=torch.int64, device=split.device)
         idx[:real] = torch.arange(start, start + real, device=split.device)
         weight = torch.zeros(batch_size)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import math
 import os
 import queue
 import threading
@@ -50,6 +49,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import InputError
+from dlrm.data import eval_spans
 from dlrm.data import multihot as mh_mod
 
 FORMAT = "dlrm-criteo-binary"
@@ -802,16 +802,10 @@ def eval_batches(
     """``(batch, weight)`` of this rank's contiguous share, the layout of ``dlrm.data.eval_batches``: every
     rank yields the same number of full batches; padding rows (copies of split row 0) weigh 0."""
     reader = BatchReader(split, feature_names, multi_hot, pin_memory)
-    n = len(split)
-    bounds = [n * r // world_size for r in range(world_size + 1)]
-    lo, hi = bounds[rank], bounds[rank + 1]
-    longest = max(bounds[r + 1] - bounds[r] for r in range(world_size))
-    batch_size = max(1, min(batch_size, longest))  # no batch of mostly padding (the same on every rank)
+    batch_size, spans = eval_spans(len(split), batch_size, rank, world_size)
 
     def gen() -> Iterator[Tuple[Batch, torch.Tensor]]:
-        for i in range(math.ceil(longest / batch_size)):
-            start = lo + i * batch_size
-            real = max(0, min(batch_size, hi - start))
+        for start, real in spans:
             weight = torch.zeros(batch_size)
             weight[:real] = 1.0
             if real == 0:
