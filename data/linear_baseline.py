@@ -10,7 +10,8 @@ overrides trains and validates on: the splits come from ``dlrm.data.load_splits`
 ``data.val_fraction``, ``data.max_rows``, ``data.val_path``).
 The features are the trainer's: the 13 dense features as it transforms them (``log(x + 1)``, missing or negative:
 0) and a one-hot column per table row for the 26 categorical ones, each hashed to its table id as the trainer
-does (``int(hex, 16) % rows``, the rows after ``model.row_cap``). Rows that no training row uses get no column
+does (``int(hex, 16) % rows``, the rows after ``model.row_cap``; the ids ``data.min_id_count`` finds rare in
+training, 3 in the recipe, on row 0). Rows that no training row uses get no column
 (:func:`design_matrices`). With ``data.multi_hot=true`` the columns are still the 1-hot ids, not the MLPerf
 expansion's extra ids (a fixed function of them).
 

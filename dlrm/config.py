@@ -223,6 +223,12 @@ class DataConfig:
     ``val_fraction`` as without a cap), and a file holding fewer rows than the two counts together is split by
     ``val_fraction`` as without a cap. Validation and test rows (``val_path``, ``test_path``, the binary format's
     last day) are never capped. Refused with ``data=synthetic`` (set ``num_train_samples``)."""
+    min_id_count: int = 0
+    """``criteo_tsv`` and ``synthetic``: ids that occur fewer than this many times in a table's training rows (after
+    ``max_rows``) share that table's row 0, the row of missing values, in every split; ids that only validation or
+    test rows use do too (1: only those; 0: off, every id keeps its row). Counts come from the training rows alone.
+    Frequency thresholding, as NVTabular's ``Categorify(freq_threshold=...)``: a row that a few samples update is
+    noise at evaluation. Refused with ``criteo_binary`` (its ids are fixed when the days are preprocessed)."""
     num_train_samples: int = 131072
     """``synthetic``: training samples."""
     num_val_samples: int = 16384
@@ -268,6 +274,13 @@ class DataConfig:
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", "must be in (0, 1)")
         _check(0 <= self.multi_hot_seed < 2**32, "data.multi_hot_seed", "must be in 0 .. 2**32 - 1 (a numpy seed)")
         _check(self.teacher_dim >= 0, "data.teacher_dim", "must be >= 0")
+        _check(self.min_id_count >= 0, "data.min_id_count", "must be >= 0 (0: off)")
+        _check(
+            self.min_id_count == 0 or self.name != "criteo_binary",
+            "data.min_id_count",
+            "data=criteo_binary reads the ids its preprocessing wrote; set data.min_id_count=0, or train on the "
+            "TSV with data=criteo_tsv",
+        )
         if self.val_fraction != DataConfig.__dataclass_fields__["val_fraction"].default:
             _check(
                 self.name != "criteo_binary",

@@ -72,13 +72,15 @@ def test_dlrm_v2_is_the_mlperf_architecture() -> None:
 
 def test_criteo_sample_experiment_overrides_only_what_differs() -> None:
     cfg = to_config(compose(["experiment=criteo_sample", "data.train_path=a.tsv"]))
-    assert (cfg.data.name, cfg.data.global_batch_size, cfg.data.multi_hot, cfg.trainer.epochs) == (
+    d = cfg.data
+    assert (d.name, d.global_batch_size, d.multi_hot, d.min_id_count, cfg.trainer.epochs) == (
         "criteo_tsv",
         64,
         False,
+        3,
         1,
     )
-    assert (cfg.optimizer.lr, cfg.optimizer.embedding_lr, cfg.optimizer.sparse_type) == (0.01, 0.01, "adagrad")
+    assert (cfg.optimizer.lr, cfg.optimizer.embedding_lr, cfg.optimizer.sparse_type) == (0.01, 0.02, "adagrad")
     assert cfg.model == dataclasses.replace(to_config(compose([])).model, dense_buckets=16)  # else dlrm_v2_small
 
 
@@ -183,6 +185,18 @@ def test_configuration_reference_sample_rows() -> None:
         "| `seed` | `0` |",
     ):
         assert row in text, row
+
+
+def test_min_id_count_with_binary_data_is_refused() -> None:
+    """data=criteo_binary reads the ids its preprocessing wrote: a threshold would be ignored."""
+    with pytest.raises(ConfigError) as e:
+        to_config(compose(["data=criteo_binary", "data.dataset_dir=x", "data.min_id_count=3"]))
+    assert str(e.value) == (
+        "config key `data.min_id_count`: data=criteo_binary reads the ids its preprocessing wrote; set "
+        "data.min_id_count=0, or train on the TSV with data=criteo_tsv"
+    )
+    with pytest.raises(ConfigError, match="config key `data.min_id_count`: must be >= 0"):
+        to_config(compose(["data.min_id_count=-1"]))
 
 
 def test_val_fraction_with_binary_data_is_refused() -> None:

@@ -180,6 +180,51 @@ def test_max_rows_caps_the_training_rows_of_a_tsv(tmp_path) -> None:
     assert D.held_out_rows(8000, 0.2) == 2000 and D.held_out_rows(1, 0.2) == 1 and D.held_out_rows(30, 0.5) == 30
 
 
+def test_share_rare_ids_counts_training_rows_only() -> None:
+    """Per table, ids seen fewer than min_id_count times in training, and ids unseen there, become row 0 in
+    every split; the inputs are left as they were."""
+    ids = torch.zeros(6, 26, dtype=torch.int64)
+    ids[:, 0] = torch.tensor([5, 5, 7, 9, 9, 9])
+    ids[:, 1] = torch.tensor([1, 2, 3, 4, 5, 6])
+    val_ids = torch.zeros(4, 26, dtype=torch.int64)
+    val_ids[:, 0] = torch.tensor([5, 7, 11, 9])
+    val_ids[:, 1] = torch.tensor([1, 1, 1, 1])
+    train = D.Split(torch.zeros(6, 13), ids, torch.zeros(6), "train")
+    val = D.Split(torch.zeros(4, 13), val_ids, torch.zeros(4), "val")
+    before = (ids.clone(), val_ids.clone())
+    tr, va, te = D.share_rare_ids((train, val, None), 2)
+    assert te is None
+    assert tr.ids[:, 0].tolist() == [5, 5, 0, 9, 9, 9] and tr.ids[:, 1].tolist() == [0] * 6
+    assert va.ids[:, 0].tolist() == [5, 0, 0, 9] and va.ids[:, 1].tolist() == [0] * 4
+    assert int(tr.ids[:, 2:].abs().sum()) == 0 and tr.dense is train.dense and va.labels is val.labels
+    assert torch.equal(ids, before[0]) and torch.equal(val_ids, before[1])
+    tr3, va3, _ = D.share_rare_ids((train, val, None), 3)
+    assert tr3.ids[:, 0].tolist() == [0, 0, 0, 9, 9, 9] and va3.ids[:, 0].tolist() == [0, 0, 0, 9]
+    tr1, va1, _ = D.share_rare_ids((train, val, None), 1)  # only the ids unseen in training
+    assert (
+        torch.equal(tr1.ids, ids)
+        and va1.ids[:, 0].tolist() == [5, 7, 0, 9]
+        and torch.equal(va1.ids[:, 1:], val_ids[:, 1:])
+    )
+    assert D.share_rare_ids((train, val, None), 0)[0] is train
+
+
+def test_min_id_count_applies_to_the_tsv_splits(tmp_path) -> None:
+    """``data.min_id_count=2`` on a 10-line TSV: C1 ``a`` (twice) and ``c`` (3 times) keep their rows
+    (``int(hex, 16) % rows``), ``b`` and ``d`` (once each) and the missing value share row 0; in the validation
+    rows (lines 9-10) ``a`` keeps its row and ``b`` (once in training) does not."""
+    c1 = ["a", "a", "b", "", "c", "c", "c", "d", "a", "b"]
+    lines = ["\t".join(["0", str(i)] + [""] * 12 + [c1[i]] + [""] * 25) for i in range(10)]
+    path = tmp_path / "t.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    model = ModelConfig()
+    assert model.table_rows[0] == 2000
+    tr, va, _ = D.load_splits(DataConfig(name="criteo_tsv", train_path=str(path), min_id_count=2), model, 0)
+    assert tr.ids[:, 0].tolist() == [10, 10, 0, 0, 12, 12, 12, 0] and va.ids[:, 0].tolist() == [10, 0]
+    tr, va, _ = D.load_splits(DataConfig(name="criteo_tsv", train_path=str(path)), model, 0)
+    assert tr.ids[:, 0].tolist() == [10, 10, 11, 0, 12, 12, 12, 13] and va.ids[:, 0].tolist() == [10, 11]
+
+
 def test_every_tsv_path_is_checked_before_the_training_file_is_parsed(tmp_path) -> None:
     bad_train = tmp_path / "train.tsv"
     bad_train.write_text("label-is-not-a-row\n")  # parsing it would fail at line 1

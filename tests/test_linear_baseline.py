@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import math
 import re
@@ -23,9 +24,10 @@ lb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lb)
 
 
-def _reference_features(path: Path, table_rows, n_train: int):
+def _reference_features(path: Path, table_rows, n_train: int, min_count: int):
     """The documented features, computed from the file by hand: ``log(max(x, 0) + 1)`` in float32 (missing: 0),
-    ``int(hex, 16) % rows`` (missing: 0), one-hot by sklearn over the ids seen in training."""
+    ``int(hex, 16) % rows`` (missing: 0), ids seen fewer than ``min_count`` times in training as 0, one-hot by
+    sklearn over the ids seen in training."""
     labels, dense, ids = [], [], []
     for line in path.read_text().splitlines():
         f = line.split("\t")
@@ -33,6 +35,9 @@ def _reference_features(path: Path, table_rows, n_train: int):
         dense.append([math.log1p(max(int(v), 0)) if v else 0.0 for v in f[1:14]])
         ids.append([int(v, 16) % r if v else 0 for v, r in zip(f[14:], table_rows)])
     y, ids = np.array(labels), np.array(ids)
+    for t in range(ids.shape[1]):
+        counts = collections.Counter(ids[:n_train, t].tolist())
+        ids[:, t] = [v if counts[v] >= min_count else 0 for v in ids[:, t].tolist()]
     dense = np.array(dense).astype(np.float32).astype(np.float64)
     enc = OneHotEncoder(handle_unknown="ignore").fit(ids[:n_train])
 
@@ -46,9 +51,10 @@ def _reference_features(path: Path, table_rows, n_train: int):
 def test_real_rows_match_the_trainer_split_and_sklearn(capsys: pytest.CaptureFixture) -> None:
     """Rows 1-8,000 train, 8,001-10,000 validate, with the recipe's table rows; C chosen by 2-fold CV over two
     values; every printed AUC equals sklearn's on matrices built here from the file."""
-    rows = to_config(compose(["experiment=criteo_sample", "data.train_path=x.tsv"])).model.table_rows
+    cfg = to_config(compose(["experiment=criteo_sample", "data.train_path=x.tsv"]))
+    assert cfg.data.min_id_count == 3
     x_tr, y_tr, x_va, y_va = lb.load_features([f"data.train_path={KAGGLE_SAMPLE}"])
-    r_tr, ry_tr, r_va, ry_va = _reference_features(KAGGLE_SAMPLE, rows, 8000)
+    r_tr, ry_tr, r_va, ry_va = _reference_features(KAGGLE_SAMPLE, cfg.model.table_rows, 8000, 3)
     assert x_tr.shape == r_tr.shape and x_va.shape == r_va.shape == (2000, r_tr.shape[1])
     assert (x_tr != r_tr).nnz == 0 and (x_va != r_va).nnz == 0
     np.testing.assert_array_equal(y_tr, ry_tr)
@@ -99,7 +105,7 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert lb.main([f"data.train_path={tmp_path / 'missing.tsv'}", "--C", "0.1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: config key `data.train_path`: no such file"), err
-    assert lb.main(["data=criteo_binary", "data.dataset_dir=d"]) == 2
+    assert lb.main(["data=criteo_binary", "data.dataset_dir=d", "data.min_id_count=0"]) == 2
     assert "error: config key `data.name`: the baseline reads rows held in memory" in capsys.readouterr().err
     assert lb.main(["data.max_rows=many"]) == 2  # Hydra's error, with the OmegaConf cause that says what is wrong
     assert capsys.readouterr().err == (

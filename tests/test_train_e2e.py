@@ -74,7 +74,7 @@ def test_criteo_sample_one_and_two_processes_agree(tmp_path: Path) -> None:
     assert p2.returncode == 0, p2.stdout + p2.stderr
     a1, a2 = _final_auc(d1), _final_auc(d2)
     assert [r["val_samples"] for r in records(d2) if "val_auc" in r][-1] == 2000  # rows 8,001-10,000
-    assert abs(a1 - 0.7353) <= 0.002, a1  # seed 0 of the recipe (docs/data.md)
+    assert abs(a1 - 0.7364) <= 0.002, a1  # seed 0 of the recipe (docs/data.md)
     assert a1 == a2, (a1, a2)  # global batch 64 either way: bit for bit the same AUC (docs/data.md)
 
 

@@ -342,6 +342,43 @@ def held_out_rows(max_rows: int, val_fraction: float) -> int:
     return max(1, int(round(max_rows * val_fraction / (1.0 - val_fraction))))
 
 
+def share_rare_ids(
+    splits: Tuple[Split, Split, Optional[Split]], min_count: int
+) -> Tuple[Split, Split, Optional[Split]]:
+    """Frequency thresholding (``data.min_id_count``): in each table, the ids that occur fewer than ``min_count``
+    times in the training split's ``ids`` become row 0, in the training, validation and test splits alike; so do
+    ids that no training row holds (count 0). Row 0 is where a missing category hashes (``0 % rows``), so rare,
+    unseen and missing values train one shared row instead of rows that a few updates, or none, left near their
+    initial values.
+
+    Args:
+        splits: ``(train, val, test or None)``; ``ids`` int64 ``[N, 26]``. Only ``train`` is counted.
+        min_count: the threshold; 1 remaps only the ids that no training row holds, 0 returns ``splits``.
+
+    Returns:
+        The splits with new ``ids`` tensors (the inputs are not modified); dense features and labels shared.
+    """
+    if min_count <= 0:
+        return splits
+    train = splits[0]
+    # unique + isin rather than bincount: the work follows the rows, not the table sizes (up to 40 M rows).
+    keep = []
+    for t in range(train.ids.shape[1]):
+        values, counts = torch.unique(train.ids[:, t], return_counts=True)
+        keep.append(values[counts >= min_count])
+
+    def remap(split: Optional[Split]) -> Optional[Split]:
+        if split is None:
+            return None
+        ids = split.ids.clone()
+        for t, frequent in enumerate(keep):
+            col = ids[:, t]
+            ids[:, t] = torch.where(torch.isin(col, frequent.to(col.device)), col, torch.zeros_like(col))
+        return Split(split.dense, ids, split.labels, split.name, split.source, split.first_line)
+
+    return remap(splits[0]), remap(splits[1]), remap(splits[2])  # type: ignore[return-value]
+
+
 def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, Split, Optional[Split]]:
     """Train, validation and (optional) test splits: ``data.train_path`` and ``data.val_path`` (or the last
     ``data.val_fraction`` of the training rows), and ``data.test_path``.
@@ -448,7 +485,7 @@ def load_synthetic(cfg: DataConfig, table_rows: Sequence[int], seed: int) -> Tup
 
 def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split, Split, Optional[Split]]:
     """Load ``(train, val, test or None)`` for ``data.name``. Row ids are already within each table's
-    ``model.table_rows``.
+    ``model.table_rows``, rare ones merged into row 0 by ``data.min_id_count`` (:func:`share_rare_ids`).
 
     Raises:
         FileNotFoundError / InputError / TsvFormatError / ConfigError: ``criteo_tsv`` (:func:`load_criteo_tsv`).
@@ -459,7 +496,7 @@ def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split,
     rows = model.table_rows
     assert len(rows) == NUM_SPARSE_FEATURES
     if data.name == "synthetic":
-        return load_synthetic(data, rows, seed)
+        return share_rare_ids(load_synthetic(data, rows, seed), data.min_id_count)
     if data.name == "criteo_binary":
         from dlrm.data import binary
 
@@ -471,7 +508,7 @@ def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split,
             prefetch=data.prefetch,
             pin_memory=data.pin_memory,
         )
-    return load_criteo_tsv(data, rows)
+    return share_rare_ids(load_criteo_tsv(data, rows), data.min_id_count)
 
 
 # ---------------------------------------------------------------------------------------------------------
