@@ -15,8 +15,9 @@ exits ``128 + signal number`` (143 for SIGTERM), the POSIX status of a process s
   state ``PREEMPTED`` (or ``CANCELLED`` for ``scancel``) with exit code ``143:0`` instead of ``1:0``.
 - torchx ``local_cwd`` / ``local_docker``: the app ends ``FAILED`` either way; the status tells the two apart.
 
-A bad argument or config is the other end handled here: every rank prints its ``error:`` line and exits 2, and
-torchrun would add a ``ChildFailedError`` traceback and exit 1; the launcher exits 2 instead, adding nothing.
+A bad argument or config is the other end handled here: every rank prints its ``error:`` line and exits 2 (or is
+stopped by torchrun's SIGTERM once the first has exited), and torchrun would add a ``ChildFailedError`` traceback
+and exit 1; the launcher exits 2 instead, adding nothing.
 
 A restarted job resumes from the newest complete checkpoint with ``checkpoint.resume=auto`` (the default).
 torchrun gives its workers 30 s between the forwarded signal and SIGKILL (``--shutdown-timeout`` where the
@@ -45,8 +46,9 @@ def exit_status(sig: int) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run torchrun with ``argv`` (default ``sys.argv[1:]``); return its status, :func:`exit_status` of the
-    signal that stopped it, or :data:`USER_ERROR_STATUS` when every failed worker exited with it (each printed its
-    ``error:`` line). torchrun's own errors (bad arguments, a worker failing otherwise) pass through unchanged.
+    signal that stopped it, or :data:`USER_ERROR_STATUS` when a worker exited with it (after its ``error:`` line)
+    and every other failed worker did too or was stopped by torchrun's SIGTERM. torchrun's own errors (bad
+    arguments, a worker failing otherwise) pass through unchanged.
 
     Raises:
         ChildFailedError: a worker failed with another status or a signal (torchrun's report of it).
@@ -54,7 +56,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         torchrun_main(argv)
     except ChildFailedError as e:
-        if {f.exitcode for f in e.failures.values()} == {USER_ERROR_STATUS}:
+        codes = {f.exitcode for f in e.failures.values()}
+        # Once one worker exits, torchrun SIGTERMs the rest: a rank still exiting after its own error line is
+        # recorded as killed by SIGTERM (-15), not as exit 2, depending on which rank finished first.
+        if USER_ERROR_STATUS in codes and codes <= {USER_ERROR_STATUS, -signal.SIGTERM}:
             return USER_ERROR_STATUS  # the ranks' error lines say it all; torchrun's report would bury them
         raise
     except SignalException as e:

@@ -219,8 +219,10 @@ def test_a_config_error_under_the_launcher_exits_2_without_a_traceback(tmp_path:
     assert line in p.stderr, text  # the ranks' lines may interleave: no line-exact check
 
 
-@pytest.mark.parametrize("codes,status", [([2, 2], 2), ([2], 2), ([1, 2], None), ([-9], None)])
-def test_launcher_exits_2_only_when_every_failed_worker_did(
+@pytest.mark.parametrize(
+    "codes,status", [([2, 2], 2), ([2], 2), ([-15, 2], 2), ([1, 2], None), ([-9], None), ([-15, -15], None)]
+)
+def test_launcher_exits_2_only_for_workers_stopped_by_bad_input(
     codes: list, status: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
