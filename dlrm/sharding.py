@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -542,14 +543,27 @@ def plan_model(
     except PlannerError as e:
         per_row = {t.name: _state_bytes_per_row(t.dim, sparse_type, t.weight_bytes) for t in tables}
         biggest = max(tables, key=lambda t: t.rows * per_row[t.name])
+        need = biggest.rows * per_row[biggest.name]
         cap = (hbm_cap if device.type == "cuda" else ddr_cap) * (1 - cfg.storage_reservation)
         total = sum(t.rows * per_row[t.name] for t in tables)
+        if total > cap * world_size:
+            why = (
+                f"Together they need at least {math.ceil(total / cap)} ranks of this size. Options: use more GPUs, "
+                f"keep tables in host memory with an HBM cache (offload=uvm_caching pipeline=prefetch, CUDA only), "
+                f"fewer rows (model.row_cap), or raise sharding.hbm_cap_gb / ddr_cap_gb if the device has more"
+            )
+        elif need > cap:
+            why = "Largest: " + _too_big(biggest, need, int(cap), device.type == "cuda")
+        else:
+            why = (
+                f"The tables fit by size ({world_size} x {cap / GiB:.2f} GiB), so the planner's estimate of the "
+                f"other memory at batch size {batch_size} per rank (input and output buffers) does not: lower "
+                f"data.batch_size or sharding.storage_reservation, or use more GPUs"
+            )
         raise PlanError(
-            f"the planner found no placement for {len(tables)} tables on {world_size} ranks "
+            f"the planner found no placement for {len(tables)} tables on {world_size} rank{'s' * (world_size != 1)} "
             f"({total / GiB:.2f} GiB of weights and optimizer state in all, about {cap / GiB:.2f} GiB per rank "
-            f"usable). Largest: "
-            + _too_big(biggest, biggest.rows * per_row[biggest.name], int(cap), device.type == "cuda")
-            + f"\nTorchRec planner: {str(e).splitlines()[0]}"
+            f"usable). {why}\nTorchRec planner: {str(e).splitlines()[0]}"
         ) from e
     shards = []
     for so in stats.best_plan:

@@ -342,8 +342,9 @@ def test_table_larger_than_its_memory() -> None:
     # row_wise fits no table either when the whole model exceeds all ranks: the planner's failure, explained.
     with pytest.raises(
         PlanError,
-        match=r"the planner found no placement for 26 tables on 2 ranks .*Largest: "
-        r"table t_cat_0 .*row_wise.*more GPUs.*offload=uvm_caching pipeline=prefetch",
+        match=r"the planner found no placement for 26 tables on 2 ranks \(194.73 GiB of weights and optimizer "
+        r"state in all, about 15.20 GiB per rank usable\)\. Together they need at least 13 ranks of this size\. "
+        r"Options: use more GPUs.*offload=uvm_caching pipeline=prefetch",
     ):
         plan_job(
             [
@@ -355,6 +356,27 @@ def test_table_larger_than_its_memory() -> None:
             ],
             world_size=2,
         )
+
+
+def test_planner_failure_names_what_does_not_fit() -> None:
+    # every table fits one H200 alone (the largest 38.15 GiB), all of them do not: the message says so, not
+    # that the largest table is too big
+    with pytest.raises(PlanError) as e:
+        plan_job([*H200, "sharding.ddr_cap_gb=1"], world_size=1)  # no room in host memory for a UVM kernel
+    msg = str(e.value)
+    assert msg.startswith(
+        "the planner found no placement for 26 tables on 1 rank (194.73 GiB of weights and optimizer state in all, "
+        "about 132.81 GiB per rank usable). Together they need at least 2 ranks of this size. Options: use more GPUs"
+    )
+    assert "does not fit" not in msg
+    # the tables fit by size, the batch's buffers do not
+    with pytest.raises(
+        PlanError,
+        match=r"on 1 rank \(0.00 GiB .*\)\. The tables fit by size \(1 x 0.05 GiB\), so the planner's estimate of "
+        r"the other memory at batch size 1048576 per rank \(input and output buffers\) does not: lower "
+        r"data.batch_size",
+    ):
+        plan_job(["device=cuda", "sharding.hbm_cap_gb=0.05", "data.batch_size=1048576"], world_size=1)
 
 
 def test_cuda_planning_without_a_gpu_needs_the_capacity() -> None:
