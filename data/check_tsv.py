@@ -51,6 +51,10 @@ def main(argv: list) -> int:
             file=sys.stderr,
         )
         return 2
+    opts = [a for a in argv if a.startswith("-") and not os.path.exists(a)]
+    if opts:
+        print(f"error: {opts[0]}: unknown option; usage: python data/check_tsv.py FILE [FILE ...]", file=sys.stderr)
+        return 2
     # A path that is not a file is the caller's mistake, not a finding about data: refuse it before reading any.
     try:
         for path in argv:

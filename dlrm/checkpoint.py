@@ -756,6 +756,14 @@ def check_resume(path: str, meta: Any, run: RunFacts) -> None:
             "checkpoint.resume (auto takes the newest intact one)"
         )
     data, step = run.config.data, meta["step"]
+    opt = meta["config"].get("optimizer")
+    was_type = opt.get("sparse_type") if isinstance(opt, dict) else None
+    if was_type is not None and was_type != run.config.optimizer.sparse_type:
+        raise ConfigError(
+            f"config key `optimizer.sparse_type`: checkpoint {path} was trained with optimizer.sparse_type="
+            f"{was_type}, this run has {run.config.optimizer.sparse_type}; the tables' optimizer state would start "
+            f"fresh: set optimizer.sparse_type={was_type}, or checkpoint.resume=none in a new checkpoint.dir"
+        )
     for key in ("name", "max_rows", "shuffle", *_ROW_KEYS.get(data.name, ())):
         if was.get(key) != getattr(data, key):
             raise ConfigError(

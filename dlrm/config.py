@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import importlib.util
 import inspect
+import math
 import os
 import re
 import typing
@@ -330,6 +331,12 @@ class DataConfig:
                     f"{path!r} is the same file as data.train_path ({self.train_path!r}): {what} on the training "
                     f"rows inflates AUC; pass {fix}",
                 )
+            _check(
+                not (self.test_path and self.val_path and same_file(self.test_path, self.val_path)),
+                "data.test_path",
+                f"{self.test_path!r} is the same file as data.val_path: the test split would repeat the validation "
+                "rows the run was tuned on; pass a separate test file, or drop data.test_path",
+            )
         if self.name == "synthetic":
             for key in ("train_path", "val_path", "test_path"):
                 _check(
@@ -1083,6 +1090,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _check(self.device in ("auto", "cpu", "cuda"), "device", f"got {self.device!r}; use auto, cpu or cuda")
+        _check(0 <= self.seed < 2**63, "seed", f"got {self.seed}; use 0 .. 2**63 - 1 (torch.manual_seed's range)")
         _check(self.profile_wait_steps >= 0, "profile_wait_steps", "must be >= 0")
         _check(self.profile_steps > 0, "profile_steps", "must be positive")
         _check(
@@ -1171,7 +1179,20 @@ def to_config(cfg: DictConfig | Any) -> Config:
     _reject_unknown_keys(cfg, Config, "")
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, Config), type(obj)
+    _check_finite(obj, "")
     return obj
+
+
+def _check_finite(obj: Any, prefix: str) -> None:
+    """Refuse an infinite or NaN float anywhere in the config (``optimizer.lr=inf`` passes a ``> 0`` check, then
+    trains to a non-finite loss or, as ``optimizer.eps=inf``, not at all)."""
+    for f in dataclasses.fields(obj):
+        v, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            _check_finite(v, key + ".")
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ConfigError(f"config key `{key}`: got {x}; give a finite number")
 
 
 # conf/ sits beside the dlrm package in a checkout and in an editable install (`pip install -e .`); an absolute

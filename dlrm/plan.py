@@ -75,9 +75,10 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
     ``--estimate`` apart from the overrides.
 
     Raises:
-        ConfigError: ``--link-gbps`` or ``--step-ms`` without a positive number after it; ``world_size`` or
-            ``local_world_size`` not a whole number; ``force`` not true or false; one of these given twice; a
-            setting or override written with a leading ``--``, or another unknown ``--`` option.
+        ConfigError: ``--link-gbps`` or ``--step-ms`` without a positive number after it; ``--step-ms`` without
+            ``--estimate``; ``world_size`` or ``local_world_size`` not a whole number; ``force`` not true or false;
+            one of these given twice; a setting or override written with a leading ``--``, or another unknown
+            ``--`` option.
     """
     own, overrides = {}, []
     given: dict = {}  # own key or flag -> the value first given, to refuse a second one
@@ -119,6 +120,8 @@ def _split_args(argv: Sequence[str]) -> Tuple[dict, List[str]]:
                     ) from None
         else:
             overrides.append(a)
+    if "step_ms" in own and not own.get("estimate"):
+        raise ConfigError(f"{STEP_MS_FLAG}: sets the step time of {ESTIMATE_FLAG}; add {ESTIMATE_FLAG}, or drop it")
     return own, overrides
 
 

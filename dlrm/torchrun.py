@@ -44,6 +44,22 @@ def exit_status(sig: int) -> int:
     return 128 + int(sig)
 
 
+def _bad_nproc(args: List[str]) -> Optional[str]:
+    """The value of ``--nproc_per_node`` / ``--nproc-per-node`` in torchrun's own arguments (before the script)
+    when it is an integer below 1 (torchrun fails on it with an assertion traceback), else None."""
+    for i, a in enumerate(args):
+        if a.endswith(".py") or a in ("-m", "--module"):
+            return None  # the script: what follows is its own arguments
+        name, _, value = a.partition("=")
+        if name in ("--nproc_per_node", "--nproc-per-node"):
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                return value if int(value) < 1 else None
+            except ValueError:
+                return None  # gpu, cpu, auto, or torchrun's own error
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run torchrun with ``argv`` (default ``sys.argv[1:]``); return its status, :func:`exit_status` of the
     signal that stopped it, or :data:`USER_ERROR_STATUS` when a worker exited with it (after its ``error:`` line)
@@ -53,8 +69,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     Raises:
         ChildFailedError: a worker failed with another status or a signal (torchrun's report of it).
     """
+    args = list(sys.argv[1:] if argv is None else argv)
+    bad = _bad_nproc(args)
+    if bad is not None:
+        print(f"error: --nproc_per_node {bad}: give a positive number of processes per node (or gpu, cpu, auto)",
+              file=sys.stderr)  # fmt: skip
+        return USER_ERROR_STATUS
     try:
-        torchrun_main(argv)
+        torchrun_main(args)
     except ChildFailedError as e:
         codes = {f.exitcode for f in e.failures.values()}
         # Once one worker exits, torchrun SIGTERMs the rest: a rank still exiting after its own error line is

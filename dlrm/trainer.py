@@ -276,6 +276,20 @@ class Trainer:
         self.global_batch = self.batch_size * info.world_size
         self.eval_batch_size = cfg.eval.batch_size or self.batch_size
 
+        # the checkpoint to resume from is chosen (and verified) before the data is read (a wrong path is reported
+        # at once, not after loading it) and before planning: its saved plan is reused when this job has the layout
+        # it was planned for, and its tables replace the initial ones
+        root = checkpoint_root(cfg.checkpoint, self.run_dir)
+        if os.path.exists(root) and not os.path.isdir(root):  # else the first save would fail after training
+            raise ConfigError(f"config key `checkpoint.dir`: {root} is a file; give a directory")
+        resume_from = choose_checkpoint(cfg.checkpoint, root, info)
+        plan_path = cfg.sharding.plan_path
+        if plan_path and not os.path.isfile(plan_path):  # read after the data; its contents are checked there
+            what = "is a directory" if os.path.isdir(plan_path) else f"does not exist (cwd {os.getcwd()})"
+            raise ConfigError(
+                f"config key `sharding.plan_path`: {plan_path} {what}; give a plan.json written by python -m "
+                "dlrm.plan or a run's <run_dir>/plan.json"
+            )
         torch.manual_seed(cfg.seed)
         t0 = time.perf_counter()
         self.train_split, self.val_split, self.test_split = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
@@ -346,12 +360,6 @@ class Trainer:
         )
 
         self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
-        # the checkpoint to resume from is chosen (and verified) before planning: its saved plan is reused when
-        # this job has the layout it was planned for, and its tables replace the initial ones
-        root = checkpoint_root(cfg.checkpoint, self.run_dir)
-        if os.path.exists(root) and not os.path.isdir(root):  # else the first save would fail after training
-            raise ConfigError(f"config key `checkpoint.dir`: {root} is a file; give a directory")
-        resume_from = choose_checkpoint(cfg.checkpoint, root, info)
         build_cfg = cfg
         if self.device_data_bytes:  # the planner may use what the data on the device leaves of its HBM
             hbm = cfg.sharding.hbm_cap_gb or torch.cuda.get_device_properties(info.device).total_memory / 2**30
@@ -433,6 +441,14 @@ class Trainer:
         )
         if self.ckpt.resume(self.state, resume_from):
             self.metrics.advance(self.step)
+            if self.step >= self.total_steps:  # a relaunch of a finished run: nothing to train, and say so
+                log.warning(
+                    "checkpoint %s is at step %d, which is already this run's last (%d: trainer.max_steps / "
+                    "trainer.epochs): nothing left to train; raise trainer.max_steps (or trainer.epochs) to go on",
+                    resume_from,
+                    self.step,
+                    self.total_steps,
+                )
         if info.is_main:  # only once the resume checks passed: a refused relaunch leaves the run's files as they were
             with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as f:
                 f.write(OmegaConf.to_yaml(resolved))

@@ -317,8 +317,9 @@ def test_bad_materialized_id_in_a_later_chunk_exact_message(ds: Path, tmp_path: 
         next(it)  # rows 640-703: day 0 rows 640-699, day 1 rows 0-3
     assert str(e.value) == (
         f"{d}/day_1_sparse_multi_hot.npy: row 2 (0-based), feature C21: id {value} is outside table 20's 400 rows "
-        "(ids are never remapped); the file is corrupt or was built for other table sizes: re-run "
-        "data/preprocess_criteo.py"
+        "(ids are never remapped); the file is corrupt or was built for other table sizes: "
+        f"delete {d}/day_1.multihot.json and re-run data/preprocess_criteo.py multihot --mode materialize "
+        "(it redoes only that pass of day 1)"
     )
 
 

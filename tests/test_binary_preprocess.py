@@ -17,6 +17,7 @@ import pytest
 
 from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
 from dlrm.config import MLPERF_NUM_EMBEDDINGS
+from dlrm.data import binary as B
 from dlrm.data import preprocess as P
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
@@ -179,6 +180,26 @@ def test_parallel_equals_serial_and_resume_redoes_only_unfinished_days(tmp_path:
     raw[-1] ^= 1
     p.write_bytes(bytes(raw))
     assert P.verify(str(out)) == [str(p)]
+
+
+@pytest.mark.parametrize("kind,marker", [("dense", "dense"), ("sparse", "parse")])
+def test_truncated_day_file_is_rebuilt_by_following_the_message(
+    tmp_path: Path, days3: List[Path], kind: str, marker: str
+) -> None:
+    out = tmp_path / "out"
+    convert(out, days3[:2])
+    good = (out / f"day_1_{kind}.npy").read_bytes()
+    (out / f"day_1_{kind}.npy").write_bytes(good[:200])
+    with pytest.raises(B.BinaryFormatError) as e:
+        B.open_npy(str(out / f"day_1_{kind}.npy"), *((np.float32, 13) if kind == "dense" else (np.int32, 26)))
+    assert str(e.value).endswith(
+        f"delete {out / f'day_1.{marker}.json'} and re-run data/preprocess_criteo.py "
+        "(it redoes only that pass of day 1)"
+    )
+    (out / f"day_1.{marker}.json").unlink()
+    convert(out, days3[:2])  # a re-run without the deletion would skip the day
+    assert (out / f"day_1_{kind}.npy").read_bytes() == good
+    assert P.verify(str(out)) == []
 
 
 def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_path: Path, days3: List[Path]) -> None:

@@ -782,6 +782,27 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
     )
 
 
+def test_resume_refuses_another_table_optimizer(two_checkpoints: Path) -> None:
+    """Element-wise and row-wise Adagrad keep differently shaped state: resuming across them would restart the
+    tables' optimizer silently."""
+    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.config import ConfigError
+
+    ck = str(two_checkpoints / "checkpoints" / "step_8")
+    meta = read_meta(ck)
+    facts = _run_facts(meta)
+    was = facts.config.optimizer.sparse_type
+    other = "adagrad" if was == "rowwise_adagrad" else "rowwise_adagrad"
+    facts.config.optimizer.sparse_type = other
+    with pytest.raises(ConfigError) as e:
+        check_resume(ck, meta, facts)
+    assert str(e.value) == (
+        f"config key `optimizer.sparse_type`: checkpoint {ck} was trained with optimizer.sparse_type={was}, this run "
+        f"has {other}; the tables' optimizer state would start fresh: set optimizer.sparse_type={was}, or "
+        "checkpoint.resume=none in a new checkpoint.dir"
+    )
+
+
 @pytest.mark.parametrize("key", ["global_batch", "scheduler", "step", "samples", "world_size", "config"])
 def test_resume_from_a_meta_json_without_a_key_is_a_checkpoint_error(two_checkpoints: Path, key: str) -> None:
     """A same-size edit of meta.json passes ``checkpoint.verify=size``; its missing keys are named, no KeyError."""

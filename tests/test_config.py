@@ -393,6 +393,36 @@ def test_validation_or_test_file_equal_to_the_training_file_is_refused(tmp_path:
         "training rows inflates AUC; pass a separate test file, or drop data.test_path"
     )
     assert to_config(compose([*tsv, f"data.val_path={tmp_path / 'val.tsv'}"])).data.val_path
+    with pytest.raises(ConfigError) as e:
+        to_config(compose([*tsv, "data.val_path=v.tsv", "data.test_path=./v.tsv"]))
+    assert str(e.value) == (
+        "config key `data.test_path`: './v.tsv' is the same file as data.val_path: the test split would repeat the "
+        "validation rows the run was tuned on; pass a separate test file, or drop data.test_path"
+    )
+
+
+@pytest.mark.parametrize(
+    "override,key,shown",
+    [
+        ("optimizer.lr=inf", "optimizer.lr", "inf"),
+        ("optimizer.sparse_lr=1e400", "optimizer.sparse_lr", "inf"),
+        ("optimizer.eps=inf", "optimizer.eps", "inf"),
+        ("model.dense_bucket_width=inf", "model.dense_bucket_width", "inf"),
+    ],
+)
+def test_infinite_floats_are_refused(override: str, key: str, shown: str) -> None:
+    # each passes its `> 0` check; an infinite rate trains to a non-finite loss, an infinite eps not at all
+    with pytest.raises(ConfigError) as e:
+        to_config(compose([override]))
+    assert str(e.value) == f"config key `{key}`: got {shown}; give a finite number"
+
+
+def test_seed_outside_torchs_range_is_refused() -> None:
+    assert to_config(compose([f"seed={2**63 - 1}"])).seed == 2**63 - 1
+    for seed in (2**63, 99999999999999999999, -1):
+        with pytest.raises(ConfigError) as e:
+            to_config(compose([f"seed={seed}"]))
+        assert str(e.value) == f"config key `seed`: got {seed}; use 0 .. 2**63 - 1 (torch.manual_seed's range)"
 
 
 def test_mlperf_experiment_is_the_closed_recipe() -> None:

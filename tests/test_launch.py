@@ -243,6 +243,32 @@ def test_launcher_exits_2_only_for_workers_stopped_by_bad_input(
         assert dlrm.torchrun.main([]) == status
 
 
+@pytest.mark.parametrize(
+    "argv,bad",
+    [
+        (["--standalone", "--nproc_per_node", "0", "train.py"], "0"),
+        (["--nnodes", "1", "--nproc-per-node=-2", "train.py"], "-2"),
+        (["--nproc_per_node", "2", "train.py", "--nproc_per_node", "0"], None),  # the script's own argument
+        (["--nproc_per_node", "gpu", "train.py"], None),
+    ],
+)
+def test_launcher_refuses_fewer_than_one_process_per_node(
+    argv: list, bad: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import dlrm.torchrun
+
+    calls = []
+    monkeypatch.setattr(dlrm.torchrun, "torchrun_main", calls.append)
+    status = dlrm.torchrun.main(argv)
+    if bad is None:
+        assert status == 0 and calls == [argv]
+    else:
+        assert status == 2 and calls == []
+        assert capsys.readouterr().err == (
+            f"error: --nproc_per_node {bad}: give a positive number of processes per node (or gpu, cpu, auto)\n"
+        )
+
+
 # --------------------------------------------------------------------------------------------- component
 def test_component_appdef() -> None:
     app = trainer(

@@ -615,6 +615,7 @@ def test_a_list_constraint_takes_one_bare_value() -> None:
             "and overrides are key=value, e.g. world_size=2)",
         ),
         (["--estimate=yes"], "error: --estimate=yes: --estimate takes no value; write --estimate"),
+        (["--step-ms", "3"], "error: --step-ms: sets the step time of --estimate; add --estimate, or drop it"),
         # a second value would silently replace the first
         (
             ["out=a.json", "out=b.json"],

@@ -163,6 +163,23 @@ def test_dedicated_input_dist_group_trains_and_offload_needs_cuda(tmp_path: Path
     one_error_line(p, re.escape("config key `offload.name`: offload=uvm needs CUDA"))
 
 
+def test_a_missing_plan_or_checkpoint_is_reported_before_the_data_is_read(tmp_path: Path) -> None:
+    """The training file is malformed: the errors below come first, so they were checked before reading it."""
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("not a criteo row\n")
+    base = [sys.executable, "train.py", "data=criteo_tsv", f"data.train_path={bad}"]
+    p = run([*base, f"hydra.run.dir={tmp_path / 'a'}", f"sharding.plan_path={tmp_path / 'nope.json'}"])
+    one_error_line(
+        p,
+        re.escape(
+            f"config key `sharding.plan_path`: {tmp_path / 'nope.json'} does not exist (cwd {REPO}); give a plan.json "
+            "written by python -m dlrm.plan or a run's <run_dir>/plan.json"
+        ),
+    )
+    p = run([*base, f"hydra.run.dir={tmp_path / 'b'}", f"checkpoint.resume={tmp_path / 'step_5'}"])
+    one_error_line(p, re.escape("config key `checkpoint.resume`: "))
+
+
 def test_a_launch_without_a_rendezvous_is_one_error_line(tmp_path: Path) -> None:
     """``WORLD_SIZE=2`` by hand, without torchrun's ``MASTER_ADDR``: the ranks could never meet."""
     env = {k: v for k, v in ENV.items() if k != "MASTER_ADDR"}

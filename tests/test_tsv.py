@@ -146,6 +146,9 @@ def test_check_tsv_without_a_file_is_one_error_line(capsys) -> None:
     assert out.out == "" and out.err == (
         "error: no file given; usage: python data/check_tsv.py FILE [FILE ...] (plain or gzip Criteo TSV)\n"
     )
+    assert _check_tsv_main()(["--bogus", "x.tsv"]) == 2
+    out = capsys.readouterr()
+    assert out.err == "error: --bogus: unknown option; usage: python data/check_tsv.py FILE [FILE ...]\n"
 
 
 def _check_tsv_main():
@@ -189,6 +192,34 @@ def test_truncated_gzip_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "cut.tsv.gz").write_bytes(data[: len(data) // 2])
     with pytest.raises(TsvFormatError, match=r"cut\.tsv\.gz: truncated or corrupt gzip stream after line \d+ "):
         read_tsv(str(tmp_path / "cut.tsv.gz"))
+
+
+def test_other_compressors_a_bom_and_non_files_are_named(tmp_path: Path) -> None:
+    import bz2
+    import lzma
+
+    text = (_line() + "\n") * 3
+    (tmp_path / "x.tsv.xz").write_bytes(lzma.compress(text.encode()))
+    (tmp_path / "x.tsv.bz2").write_bytes(bz2.compress(text.encode()))
+    for name, kind in (("x.tsv.xz", "xz"), ("x.tsv.bz2", "bzip2")):
+        with pytest.raises(TsvFormatError) as e:
+            read_tsv(str(tmp_path / name))
+        assert str(e.value) == (
+            f"{tmp_path / name}: {kind}-compressed; only plain and gzip TSV files are read: decompress it first"
+        )
+    p = _write(tmp_path, "\ufeff" + text, "bom.tsv")
+    with pytest.raises(TsvFormatError) as e:
+        read_tsv(p)
+    assert str(e.value) == f"{p}:1: the file starts with a UTF-8 byte-order mark; save it without one"
+    fifo = tmp_path / "fifo.tsv"
+    os.mkfifo(fifo)
+    for path in (str(fifo), os.devnull):
+        with pytest.raises(InputError) as e:
+            read_tsv(path)
+        assert str(e.value) == (
+            f"config key `data.train_path`: {path!r} is not a regular file (a pipe, device or socket); pass "
+            "data.train_path=<path to a Criteo TSV file>"
+        )
 
 
 def test_bytes_that_are_not_utf8_name_file_and_line(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import threading
 import warnings
 from dataclasses import dataclass
@@ -67,6 +68,32 @@ class BinaryFormatError(InputError):
 def day_file(root: str, day: int, kind: str) -> str:
     """Path of ``day_{day}_{kind}.npy`` (kind: dense, sparse, labels, sparse_multi_hot, dense_raw)."""
     return os.path.join(root, f"day_{day}_{kind}.npy")
+
+
+# which pass of data/preprocess_criteo.py writes a day file, i.e. the marker (``day_{d}.{pass}.json``) that makes
+# a re-run skip it
+_PASS_OF = {
+    "dense": "dense",
+    "sparse": "parse",
+    "labels": "parse",
+    "dense_raw": "parse",
+    "sparse_multi_hot": "multihot",
+}
+
+
+def redo_hint(path: str) -> str:
+    """How to rebuild the day file at ``path``: the re-run skips a day whose marker is present, so name the marker
+    to delete first (falls back to a plain re-run for names outside the ``day_{d}_{kind}.npy`` pattern)."""
+    m = re.fullmatch(r"day_(\d+)_(\w+)\.npy", os.path.basename(path))
+    if not m or m.group(2) not in _PASS_OF:
+        return "re-run data/preprocess_criteo.py"
+    marker = os.path.join(os.path.dirname(path), f"day_{m.group(1)}.{_PASS_OF[m.group(2)]}.json")
+    cmd = (
+        "data/preprocess_criteo.py multihot --mode materialize"
+        if m.group(2) == "sparse_multi_hot"
+        else ("data/preprocess_criteo.py")
+    )
+    return f"delete {marker} and re-run {cmd} (it redoes only that pass of day {m.group(1)})"
 
 
 # ------------------------------------------------------------------------------------------- .npy streaming
@@ -126,7 +153,7 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
             row count other than ``rows``.
     """
     if not os.path.isfile(path):
-        raise BinaryFormatError(f"{path}: missing; re-run data/preprocess_criteo.py for this day (it resumes)")
+        raise BinaryFormatError(f"{path}: missing; {redo_hint(path)}")
     with open(path, "rb") as f:
         try:
             version = np.lib.format.read_magic(f)
@@ -134,7 +161,7 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
                 np.lib.format.read_array_header_1_0(f) if version == (1, 0) else np.lib.format.read_array_header_2_0(f)
             )
         except ValueError as e:
-            raise BinaryFormatError(f"{path}: not a .npy file ({e}); re-run data/preprocess_criteo.py") from None
+            raise BinaryFormatError(f"{path}: not a .npy file ({e}); {redo_hint(path)}") from None
         offset = f.tell()
     want = (cols,) if cols is not None else ()
     if dt != np.dtype(dtype) or fortran or tuple(shape[1:]) != want:
@@ -147,8 +174,7 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
     if have < shape[0] * row_bytes:
         raise BinaryFormatError(
             f"{path}: truncated: {have} data bytes for {shape[0]} rows of {row_bytes} bytes; row {have // row_bytes} "
-            "is the first incomplete one. Re-run data/preprocess_criteo.py for this day (delete its "
-            "day_*.done.json marker to force it)"
+            f"is the first incomplete one: {redo_hint(path)}"
         )
     if rows is not None and shape[0] != rows:
         raise BinaryFormatError(
@@ -679,10 +705,11 @@ class BatchReader:
             raise AssertionError("bad id outside the batch")
 
     def _raise_bad(self, day: int, row: int, t: int, val: int, kind: str) -> None:
+        path = day_file(self.split.root, day, kind)
         raise BinaryFormatError(
-            f"{day_file(self.split.root, day, kind)}: row {row} (0-based), feature C{t + 1}: id {val} is "
-            f"outside table {t}'s {int(self.split.table_rows[t])} rows (ids are never remapped); the file "
-            "is corrupt or was built for other table sizes: re-run data/preprocess_criteo.py"
+            f"{path}: row {row} (0-based), feature C{t + 1}: id {val} is outside table {t}'s "
+            f"{int(self.split.table_rows[t])} rows (ids are never remapped); the file is corrupt or was built for "
+            f"other table sizes: {redo_hint(path)}"
         )
 
 

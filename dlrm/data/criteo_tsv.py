@@ -35,6 +35,8 @@ NUM_INT = 13
 NUM_CAT = 26
 NUM_FIELDS = 1 + NUM_INT + NUM_CAT
 GZIP_MAGIC = b"\x1f\x8b"
+# other compressors' magic bytes, to name them in the error a compressed file's first line gives
+COMPRESSED = ((b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
 # Criteo syntax, checked before int(): Python's int() also takes spaces, '+', '_' separators, '0x' and non-ASCII
 # digits, which no Criteo file holds. Leading zeros are fine: a hex value of any length must still fit 32 bits.
 _INT_FIELD = re.compile(r"-?[0-9]+", re.ASCII)
@@ -71,7 +73,7 @@ def check_file(path: str, config_key: Optional[str] = "data.train_path") -> None
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        InputError: ``path`` is a directory.
+        InputError: ``path`` is a directory, or exists but is not a regular file (a pipe, device or socket).
     """
     where = f"config key `{config_key}`: " if config_key else ""
     if os.path.isdir(path):
@@ -87,6 +89,8 @@ def check_file(path: str, config_key: Optional[str] = "data.train_path") -> None
         raise InputError(f"{where}{path!r} is a directory, not a file; {fix}")
     if not os.path.isfile(path):
         fix = f"pass {config_key}=<path to a Criteo TSV file>" if config_key else "pass a Criteo TSV file"
+        if os.path.exists(path):  # a FIFO, a device such as /dev/null, a socket: not a file that can be reread
+            raise InputError(f"{where}{path!r} is not a regular file (a pipe, device or socket); {fix}")
         raise FileNotFoundError(f"{where}no such file {path!r} (cwd {os.getcwd()}); {fix}")
 
 
@@ -117,6 +121,11 @@ def decode_line(data: bytes, path: str, lineno: int) -> str:
     try:
         return data.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:
+        kind = next((k for magic, k in COMPRESSED if lineno == 1 and data.startswith(magic)), None)
+        if kind:
+            raise TsvFormatError(
+                f"{path}: {kind}-compressed; only plain and gzip TSV files are read: decompress it first"
+            ) from None
         raise TsvFormatError(
             f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is corrupt or not a Criteo TSV"
         ) from None
@@ -200,6 +209,8 @@ def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[
         )
     lab = fields[0]
     if lab not in ("0", "1"):
+        if lineno == 1 and lab.startswith("\ufeff"):
+            raise TsvFormatError(f"{path}:1: the file starts with a UTF-8 byte-order mark; save it without one")
         raise TsvFormatError(f"{path}:{lineno}: label {lab!r} is not 0 or 1 (first field)")
     row_i = []
     for j in range(NUM_INT):
