@@ -61,9 +61,14 @@ def timed(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
+def interaction_width(m: ModelConfig) -> int:
+    """Width of the DCN's input ``x_0``: the bottom MLP's output beside one pooled embedding per table."""
+    return m.embedding_dim * (len(m.num_embeddings_per_feature) + 1)
+
+
 def layers(m: ModelConfig) -> List[Tuple[str, int, int]]:
     """``(name, in, out)`` of every linear layer of ``DLRM_DCN`` for ``m``, the DCN's as its two low-rank factors."""
-    d = m.embedding_dim * (len(m.num_embeddings_per_feature) + 1)  # the interaction's width: dense + 26 tables
+    d = interaction_width(m)
     out: List[Tuple[str, int, int]] = []
     widths = [NUM_DENSE_FEATURES, *m.dense_arch_layer_sizes]
     out += [(f"dense_arch.{i}", a, b) for i, (a, b) in enumerate(zip(widths, widths[1:]))]
@@ -114,7 +119,7 @@ def dcn(m: ModelConfig, batch: int, device: torch.device, reps: int) -> Dict[str
     GPU."""
     from torchrec.modules.crossnet import LowRankCrossNet
 
-    d = m.embedding_dim * (len(m.num_embeddings_per_feature) + 1)
+    d = interaction_width(m)
     net = LowRankCrossNet(in_features=d, num_layers=m.dcn_num_layers, low_rank=m.dcn_low_rank_dim).to(device)
     net.__class__ = AutocastLowRankCrossNet  # as dlrm.model.build_model does for perf.dcn_residual_dtype=autocast
     fn = torch.compile(net) if device.type == "cuda" else net

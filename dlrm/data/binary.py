@@ -179,7 +179,7 @@ def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = N
     if rows is not None and shape[0] != rows:
         raise BinaryFormatError(
             f"{path}: {shape[0]} rows, but {META} and the other files of this day have {rows}; "
-            "the day's files come from different runs: re-run data/preprocess_criteo.py for it"
+            f"the day's files come from different runs: {redo_hint(path)}"
         )
     if shape[0] == 0:
         return np.zeros(shape, dtype=dt)

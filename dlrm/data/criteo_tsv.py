@@ -35,7 +35,7 @@ NUM_INT = 13
 NUM_CAT = 26
 NUM_FIELDS = 1 + NUM_INT + NUM_CAT
 GZIP_MAGIC = b"\x1f\x8b"
-# other compressors' magic bytes, to name them in the error a compressed file's first line gives
+# other compressors' magic bytes: open_input names them rather than parse their bytes as text
 COMPRESSED = ((b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
 # Criteo syntax, checked before int(): Python's int() also takes spaces, '+', '_' separators, '0x' and non-ASCII
 # digits, which no Criteo file holds. Leading zeros are fine: a hex value of any length must still fit 32 bits.
@@ -58,12 +58,20 @@ def open_input(path: str) -> Tuple[IO[bytes], IO[bytes], bool]:
 
     gzip is recognised by the magic bytes ``1f 8b`` at the start of the file, whatever its name.
 
+    Raises:
+        TsvFormatError: the file starts with another compressor's magic bytes (:data:`COMPRESSED`).
+
     Returns:
         ``(raw, stream, is_gzip)``: ``raw`` is the file on disk (its ``tell()`` counts the bytes read from disk),
         ``stream`` yields the decompressed bytes (``raw`` itself for a plain file). Close ``stream``, then ``raw``.
     """
     raw = open(path, "rb")
-    gz = raw.read(2) == GZIP_MAGIC
+    head = raw.read(6)
+    kind = next((k for magic, k in COMPRESSED if head.startswith(magic)), None)
+    if kind:
+        raw.close()
+        raise TsvFormatError(f"{path}: {kind}-compressed; only plain and gzip TSV files are read: decompress it first")
+    gz = head[:2] == GZIP_MAGIC
     raw.seek(0)
     return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw), gz
 
@@ -121,11 +129,6 @@ def decode_line(data: bytes, path: str, lineno: int) -> str:
     try:
         return data.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:
-        kind = next((k for magic, k in COMPRESSED if lineno == 1 and data.startswith(magic)), None)
-        if kind:
-            raise TsvFormatError(
-                f"{path}: {kind}-compressed; only plain and gzip TSV files are read: decompress it first"
-            ) from None
         raise TsvFormatError(
             f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); the file is corrupt or not a Criteo TSV"
         ) from None
