@@ -1,6 +1,6 @@
 """docs/choosing.md's memory example is the arithmetic on the model's real table sizes.
 
-    .venv/bin/python -m pytest tests/test_docs_choosing.py -q
+.venv/bin/python -m pytest tests/test_docs_choosing.py -q
 """
 
 from conftest import REPO
