@@ -24,6 +24,7 @@ import numpy as np
 
 from dlrm.config import MLPERF_MULTI_HOT_SIZES, ModelConfig
 from dlrm.data import binary as B
+from dlrm.data import binary_format as BF
 from dlrm.data import preprocess as P
 from dlrm.data import train_plan
 from dlrm.model import FEATURE_NAMES
@@ -31,7 +32,7 @@ from dlrm.model import FEATURE_NAMES
 
 def generate(root: str, rows: int, row_cap: int) -> None:
     table_rows = ModelConfig(row_cap=row_cap).table_rows  # the MLPerf tables
-    meta_path = os.path.join(root, B.META)
+    meta_path = os.path.join(root, BF.META)
     if os.path.isfile(meta_path):
         meta = json.load(open(meta_path))
         if (
@@ -49,14 +50,14 @@ def generate(root: str, rows: int, row_cap: int) -> None:
         for t, r in enumerate(table_rows):
             ids[:, t] = g.integers(0, r, n)
         days.append((dense, ids, (g.random(n) < 0.03).astype(np.int32)))
-    B.write_dataset(root, days, table_rows)
+    BF.write_dataset(root, days, table_rows)
     del days
     P.multihot(out=root, sizes=MLPERF_MULTI_HOT_SIZES, seed=0, materialize=True, workers=1)
     print(f"generated {root} in {time.perf_counter() - t0:.0f}s", flush=True)
 
 
 def measure(root: str, mode: str, batch: int, seconds: float, warmup: int, prefetch: int) -> dict:
-    meta = B.read_meta(root)
+    meta = BF.read_dataset_meta(root)
     train, _, _ = B.load_splits(root, meta["table_rows"], None, multi_hot_files=mode == "materialized")
     mh = None if mode == "one_hot" else B.make_multi_hot(root, meta, mode, MLPERF_MULTI_HOT_SIZES, 0)
     plan = train_plan(len(train), batch, 1)

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
 from dlrm.config import MLPERF_NUM_EMBEDDINGS
-from dlrm.data import binary as B
+from dlrm.data import binary_format as BF
 from dlrm.data import preprocess as P
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
@@ -190,8 +190,8 @@ def test_truncated_day_file_is_rebuilt_by_following_the_message(
     convert(out, days3[:2])
     good = (out / f"day_1_{kind}.npy").read_bytes()
     (out / f"day_1_{kind}.npy").write_bytes(good[:200])
-    with pytest.raises(B.BinaryFormatError) as e:
-        B.open_npy(str(out / f"day_1_{kind}.npy"), *((np.float32, 13) if kind == "dense" else (np.int32, 26)))
+    with pytest.raises(BF.BinaryFormatError) as e:
+        BF.open_npy(str(out / f"day_1_{kind}.npy"), *((np.float32, 13) if kind == "dense" else (np.int32, 26)))
     assert str(e.value).endswith(
         f"delete {out / f'day_1.{marker}.json'} and re-run data/preprocess_criteo.py "
         "(it redoes only that pass of day 1)"
@@ -206,7 +206,7 @@ def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_p
     """A re-run with the same table sizes keeps the materialized multi-hot as it is; one into other sizes (the same
     rows per day, other ids) drops its record and deletes its days, and materializing again gives the bags of the
     new ids from the expansion tables of the new sizes."""
-    from dlrm.data import binary as B
+    from dlrm.data import binary_format as BF
     from dlrm.data import multihot as MH
 
     out, sizes = tmp_path / "out", [2, 3] * 13
@@ -230,7 +230,7 @@ def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_p
     with pytest.raises(P.PreprocessError, match=r"holds a dataset built with other options \(table rows were"):
         P.preprocess(**other)
     meta = P.preprocess(**other, overwrite=True)
-    assert meta["multi_hot"] is None and B.read_meta(str(out))["multi_hot"] is None
+    assert meta["multi_hot"] is None and BF.read_dataset_meta(str(out))["multi_hot"] is None
     assert not list(out.glob("day_*_sparse_multi_hot.npy")) and not list(out.glob("day_*.multihot.json"))
     assert P.verify(str(out)) == []
     P.multihot(out=str(out), sizes=sizes, seed=0, materialize=True, workers=1)

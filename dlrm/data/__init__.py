@@ -518,9 +518,9 @@ def load_splits(data: DataConfig, model: ModelConfig, seed: int) -> Tuple[Split,
 def _binary_materialized(data: DataConfig, model: ModelConfig) -> bool:
     if not data.multi_hot or data.name != "criteo_binary" or data.multi_hot_source == "on_the_fly":
         return False
-    from dlrm.data import binary
+    from dlrm.data import binary, binary_format
 
-    meta = binary.read_meta(data.dataset_dir)
+    meta = binary_format.read_dataset_meta(data.dataset_dir)
     return binary.reads_materialized(
         data.dataset_dir, meta, data.multi_hot_source, model.multi_hot_sizes, data.multi_hot_seed
     )
@@ -555,10 +555,9 @@ def make_multi_hot(data: DataConfig, model: ModelConfig) -> Optional[object]:
     if not data.multi_hot:
         return None
     if data.name == "criteo_binary":
-        from dlrm.data import binary
+        from dlrm.data import binary, binary_format
 
         source = "materialized" if _binary_materialized(data, model) else "on_the_fly"
-        return binary.make_multi_hot(
-            data.dataset_dir, binary.read_meta(data.dataset_dir), source, model.multi_hot_sizes, data.multi_hot_seed
-        )
+        meta = binary_format.read_dataset_meta(data.dataset_dir)
+        return binary.make_multi_hot(data.dataset_dir, meta, source, model.multi_hot_sizes, data.multi_hot_seed)
     return MultiHot(model.table_rows, model.multi_hot_sizes, data.multi_hot_seed)

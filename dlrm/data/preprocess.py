@@ -1,5 +1,5 @@
 """Criteo TSV (1TB ``day_N`` files or Kaggle ``train.txt``, plain or gzip) to the binary format of
-:mod:`dlrm.data.binary`, streaming in bounded memory, resumable per day, parallel over processes.
+:mod:`dlrm.data.binary_format`, streaming in bounded memory, resumable per day, parallel over processes.
 
 Run it with ``data/preprocess_criteo.py`` (its docstring has the commands). Passes:
 
@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from dlrm.config import MLPERF_NUM_EMBEDDINGS, InputError
-from dlrm.data import binary as B
+from dlrm.data import binary_format as fmt
 from dlrm.data import multihot as mh_mod
 from dlrm.data.criteo_tsv import (
     NUM_CAT,
@@ -258,9 +258,9 @@ def _write_marker(root: str, day: int, kind: str, rec: Dict[str, Any]) -> None:
 def _finish(root: str, day: int, kinds: Sequence[str]) -> Dict[str, str]:
     shas = {}
     for kind in kinds:
-        path = B.day_file(root, day, kind)
+        path = fmt.day_file(root, day, kind)
         os.replace(path + ".partial", path)
-        shas[os.path.basename(path)] = B.sha256_file(path)
+        shas[os.path.basename(path)] = fmt.sha256_file(path)
     return shas
 
 
@@ -273,9 +273,9 @@ def parse_day(job: Dict[str, Any]) -> Dict[str, Any]:
         _report(job["expect"]["progress_bytes"])
         return rec
     rows = np.asarray(job["table_rows"], dtype=np.int64)
-    w_dense = B.NpyWriter(B.day_file(root, day, "dense_raw"), np.int32, NUM_INT)
-    w_sparse = B.NpyWriter(B.day_file(root, day, "sparse"), np.int32, NUM_CAT)
-    w_labels = B.NpyWriter(B.day_file(root, day, "labels"), np.int32, 1)
+    w_dense = fmt.NpyWriter(fmt.day_file(root, day, "dense_raw"), np.int32, NUM_INT)
+    w_sparse = fmt.NpyWriter(fmt.day_file(root, day, "sparse"), np.int32, NUM_CAT)
+    w_labels = fmt.NpyWriter(fmt.day_file(root, day, "labels"), np.int32, 1)
     state: Dict[str, int] = {}
     dense_min, positives, done_bytes = 0, 0, 0
     for first, data, pos in iter_blocks(
@@ -342,11 +342,11 @@ def dense_day(job: Dict[str, Any]) -> Dict[str, Any]:
     rec = _done(root, day, "dense", job["expect"])
     if rec is not None:
         return rec
-    if not os.path.isfile(B.day_file(root, day, "dense_raw")):  # deleted after an earlier dense pass
+    if not os.path.isfile(fmt.day_file(root, day, "dense_raw")):  # deleted after an earlier dense pass
         os.remove(_marker(root, day, "parse"))
         parse_day(job["parse_job"])
-    raw = B.open_npy(B.day_file(root, day, "dense_raw"), np.int32, NUM_INT, job["rows"])
-    w = B.NpyWriter(B.day_file(root, day, "dense"), np.float32, NUM_INT)
+    raw = fmt.open_npy(fmt.day_file(root, day, "dense_raw"), np.int32, NUM_INT, job["rows"])
+    w = fmt.NpyWriter(fmt.day_file(root, day, "dense"), np.float32, NUM_INT)
     m = job["expect"]["dense_min"]
     for lo in range(0, raw.shape[0], 1 << 20):
         chunk = np.asarray(raw[lo : lo + (1 << 20)])
@@ -364,12 +364,12 @@ def dense_day(job: Dict[str, Any]) -> Dict[str, Any]:
     rec = dict(job["expect"], files=_finish(root, day, ("dense",)))
     _write_marker(root, day, "dense", rec)
     if not job["keep_raw"]:
-        os.remove(B.day_file(root, day, "dense_raw"))
+        os.remove(fmt.day_file(root, day, "dense_raw"))
     return rec
 
 
 def multihot_day(job: Dict[str, Any]) -> Dict[str, Any]:
-    """Materialize ``day_{d}_sparse_multi_hot.npy`` (feature-major per day, see :mod:`dlrm.data.binary`)."""
+    """Materialize ``day_{d}_sparse_multi_hot.npy`` (feature-major per day, see :mod:`dlrm.data.binary_format`)."""
     root, day = job["root"], job["day"]
     rec = _done(root, day, "multihot", job["expect"])
     if rec is not None:
@@ -377,16 +377,16 @@ def multihot_day(job: Dict[str, Any]) -> Dict[str, Any]:
     sizes, rows = job["expect"]["sizes"], job["table_rows"]
     tables = mh_mod.load_tables(os.path.join(root, mh_mod.TABLES_DIR), rows, sizes, job["expect"]["seed"])
     assert tables is not None
-    sparse = B.open_npy(B.day_file(root, day, "sparse"), np.int32, NUM_CAT, job["rows"])
-    w = B.NpyWriter(B.day_file(root, day, "sparse_multi_hot"), np.int32, None)
+    sparse = fmt.open_npy(fmt.day_file(root, day, "sparse"), np.int32, NUM_CAT, job["rows"])
+    w = fmt.NpyWriter(fmt.day_file(root, day, "sparse_multi_hot"), np.int32, None)
     chunk = 1 << 18
     for t in range(len(sizes)):
         for lo in range(0, sparse.shape[0], chunk):
             ids = np.ascontiguousarray(sparse[lo : lo + chunk, t])
             if ids.size and (ids.min() < 0 or ids.max() >= rows[t]):
                 bad = int(np.flatnonzero((ids < 0) | (ids >= rows[t]))[0])
-                raise B.BinaryFormatError(
-                    f"{B.day_file(root, day, 'sparse')}: row {lo + bad} (0-based), feature C{t + 1}: id "
+                raise fmt.BinaryFormatError(
+                    f"{fmt.day_file(root, day, 'sparse')}: row {lo + bad} (0-based), feature C{t + 1}: id "
                     f"{int(ids[bad])} is outside table {t}'s {rows[t]} rows; re-run the parse pass for day {day}"
                 )
             w.append(ids if tables[t] is None else np.take(tables[t], ids, axis=0).reshape(-1))
@@ -628,7 +628,7 @@ def preprocess(
         )
     if not overwrite:
         try:
-            with open(os.path.join(out, B.META), encoding="utf-8") as f:
+            with open(os.path.join(out, fmt.META), encoding="utf-8") as f:
                 prev = json.load(f)
             changed = _changed_options(prev, layout, inputs, days, table_rows, transform, dense_min)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -678,7 +678,7 @@ def preprocess(
     for j in jobs:
         st = os.stat(j["path"])
         expect = dict(
-            version=B.VERSION,
+            version=fmt.VERSION,
             path=os.path.abspath(j["path"]),
             size=st.st_size,
             mtime_ns=st.st_mtime_ns,
@@ -711,8 +711,8 @@ def preprocess(
     if timings is not None:
         timings.update(parse=t1 - t0, dense=time.perf_counter() - t1)
     meta = {
-        "format": B.FORMAT,
-        "version": B.VERSION,
+        "format": fmt.FORMAT,
+        "version": fmt.VERSION,
         "layout": layout,
         "table_rows": [int(r) for r in table_rows],
         "dense_transform": transform,
@@ -737,7 +737,7 @@ def preprocess(
         "multi_hot": None,
     }
     _carry_multi_hot(out, meta)
-    B.write_meta(out, meta)
+    fmt.write_meta(out, meta)
     return meta
 
 
@@ -747,7 +747,7 @@ def _carry_multi_hot(out: str, meta: Dict[str, Any]) -> None:
     train on the wrong rows without an error. Otherwise the record is dropped and the materialized days whose 1-hot
     file or table sizes changed are deleted; unchanged days keep theirs, which ``multihot`` then reuses."""
     try:
-        with open(os.path.join(out, B.META), encoding="utf-8") as f:
+        with open(os.path.join(out, fmt.META), encoding="utf-8") as f:
             prev = json.load(f)
         prev_mh = prev.get("multi_hot")
         prev_days = {pd["day"]: pd["files"] for pd in prev["days"]}
@@ -766,7 +766,7 @@ def _carry_multi_hot(out: str, meta: Dict[str, Any]) -> None:
             d["files"].update({k: v for k, v in prev_days[d["day"]].items() if "multi_hot" in k})
         return
     for day in stale:
-        for path in (B.day_file(out, day, "sparse_multi_hot"), _marker(out, day, "multihot")):
+        for path in (fmt.day_file(out, day, "sparse_multi_hot"), _marker(out, day, "multihot")):
             if os.path.isfile(path):
                 os.remove(path)
 
@@ -776,11 +776,11 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
     ``day_{d}_sparse_multi_hot.npy``; record them in ``meta.json``.
 
     Raises:
-        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary.read_meta`), a day's
-            1-hot file is missing or truncated, an id is outside its table, or the expansion tables on disk are
-            damaged (:func:`dlrm.data.multihot.load_tables`).
+        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary_format.read_dataset_meta`),
+            a day's 1-hot file is missing or truncated, an id is outside its table, or the expansion tables on disk
+            are damaged (:func:`dlrm.data.multihot.load_tables`).
     """
-    meta = B.read_meta(out, "--out")
+    meta = fmt.read_dataset_meta(out, "--out")
     rows = meta["table_rows"]
     tdir = os.path.join(out, mh_mod.TABLES_DIR)
     if mh_mod.load_tables(tdir, rows, sizes, seed) is None:
@@ -814,7 +814,7 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
         "tables": True,
         "materialized": materialize,
     }
-    B.write_meta(out, meta)
+    fmt.write_meta(out, meta)
     return meta
 
 
@@ -822,13 +822,13 @@ def verify(out: str) -> List[str]:
     """Recompute every sha256 in ``meta.json``; returns the mismatching or missing files (empty: all good).
 
     Raises:
-        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary.read_meta`).
+        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary_format.read_dataset_meta`).
     """
-    meta = B.read_meta(out, "--out")
+    meta = fmt.read_dataset_meta(out, "--out")
     bad = []
     for d in meta["days"]:
         for name, sha in d["files"].items():
             p = os.path.join(out, name)
-            if not os.path.isfile(p) or B.sha256_file(p) != sha:
+            if not os.path.isfile(p) or fmt.sha256_file(p) != sha:
                 bad.append(p)
     return bad
