@@ -18,6 +18,7 @@ from dlrm.data import binary as B
 from dlrm.data import binary_format as BF
 from dlrm.data import multihot as MH
 from dlrm.data import preprocess as P
+from dlrm.data.prefetch import Prefetcher
 from dlrm.model import FEATURE_NAMES
 
 ROWS = [50, 7, 300, 3, 1000, 3, 20, 11, 63, 50, 90, 40, 10, 22, 19, 155, 4, 97, 14, 50, 400, 50, 59, 13, 108, 36]
@@ -440,11 +441,11 @@ def test_prefetcher_forwards_errors_and_stops() -> None:
         yield 1
         raise RuntimeError("boom at item 2")
 
-    it = iter(B.Prefetcher(gen(), 2))
+    it = iter(Prefetcher(gen(), 2))
     assert next(it) == 1
     with pytest.raises(RuntimeError, match="boom at item 2"):
         next(it)
-    p = B.Prefetcher(iter(range(10**9)), 2)
+    p = Prefetcher(iter(range(10**9)), 2)
     it = iter(p)
     assert [next(it) for _ in range(3)] == [0, 1, 2]
     it.close()

@@ -23,11 +23,9 @@ Benchmark: ``python bench/loader.py --rows 10000000``.
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,6 +45,7 @@ from dlrm.data.binary_format import (
     redo_hint,
     split_ranges,
 )
+from dlrm.data.prefetch import expanded, prefetched
 
 
 # ------------------------------------------------------------------------------------------------- split
@@ -469,76 +468,6 @@ class BatchReader:
         )
 
 
-class Prefetcher:
-    """Run an iterator in a background thread, ``depth`` items ahead; exceptions surface in the consumer.
-
-    The thread stops when the consumer stops iterating (generator closed or garbage-collected) or on
-    :meth:`close`.
-    """
-
-    _DONE = object()
-
-    def __init__(self, it: Iterator[Any], depth: int) -> None:
-        self.q: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, depth))
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(it,), daemon=True, name="dlrm-prefetch")
-        self.thread.start()
-
-    def _run(self, it: Iterator[Any]) -> None:
-        try:
-            for item in it:
-                self._put(item)
-                if self.stop.is_set():
-                    return
-            self._put(self._DONE)
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            self._put(e)
-
-    def _put(self, item: Any) -> None:
-        while not self.stop.is_set():
-            try:
-                self.q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            while True:
-                item = self.q.get()
-                if item is self._DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stop the thread and wait for it (it checks between batches): no thread may still be building a batch
-        with torch while the interpreter shuts down."""
-        self.stop.set()
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=30)
-
-
-def _prefetched(gen: Iterator[Any], depth: int) -> Iterator[Any]:
-    return iter(Prefetcher(gen, depth)) if depth > 0 else gen
-
-
-def _expanded(fn: Callable[[Any], Any], it: Iterator[Any]) -> Iterator[Any]:
-    """``fn`` of each of ``it``'s items, in the consuming thread: the device work of
-    :meth:`BatchReader.expand` queues on that thread's current stream, in order with the training step. Closing
-    this closes ``it`` (a prefetching source stops its thread)."""
-    try:
-        for item in it:
-            yield fn(item)
-    finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-
-
 def train_batches(
     split: BinarySplit,
     *,
@@ -567,8 +496,8 @@ def train_batches(
                     yield reader.read(start + rank * size, start + (rank + 1) * size)
                 step += 1
 
-    it = _prefetched(gen(), prefetch)
-    return _expanded(reader.expand, it) if reader.on_device else it
+    it = prefetched(gen(), prefetch)
+    return expanded(reader.expand, it) if reader.on_device else it
 
 
 def eval_batches(
@@ -596,10 +525,10 @@ def eval_batches(
             else:
                 yield reader.read(start, start + real, pad_to=batch_size), weight
 
-    it = _prefetched(gen(), prefetch)
+    it = prefetched(gen(), prefetch)
     if not reader.on_device:
         return it
-    return _expanded(lambda bw: (reader.expand(bw[0]), bw[1]), it)
+    return expanded(lambda bw: (reader.expand(bw[0]), bw[1]), it)
 
 
 # ------------------------------------------------------------------------------------------ trainer entry
