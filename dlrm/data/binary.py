@@ -32,7 +32,6 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.data import eval_spans
 from dlrm.data import multihot as mh_mod
 from dlrm.data.binary_format import (
     META,
@@ -45,7 +44,9 @@ from dlrm.data.binary_format import (
     redo_hint,
     split_ranges,
 )
+from dlrm.data.layout import eval_spans
 from dlrm.data.prefetch import expanded, prefetched
+from dlrm.data.source import EvalRequest, TrainRequest
 
 
 # ------------------------------------------------------------------------------------------------- split
@@ -69,9 +70,8 @@ class _Piece:
 class BinarySplit:
     """A split of a preprocessed dataset: a concatenation of row ranges of day files, memory-mapped.
 
-    Quacks like :class:`dlrm.data.Split` where the trainer needs it (``len``, ``name``, ``source``,
-    ``describe_rows``); :func:`dlrm.data.train_batches` / ``eval_batches`` hand it to :func:`train_batches` /
-    :func:`eval_batches` here.
+    Implements :class:`dlrm.data.source.Source`: its batches are read by a :class:`BatchReader`, :attr:`prefetch`
+    of them ahead (``data.prefetch``), in pinned memory per :attr:`pin_memory` (``data.pin_memory``).
     """
 
     def __init__(
@@ -141,6 +141,44 @@ class BinarySplit:
         """Where split rows ``[start, stop)`` are, e.g. ``/data/bin day_3 rows 100-163`` (0-based file rows)."""
         parts = [f"day_{p.day} rows {lo}-{lo + n - 1}" for p, lo, n, _ in self.locate(start, stop)]
         return f"{self.root} " + ", ".join(parts)
+
+    def train_batches(self, req: TrainRequest) -> Iterator[Batch]:
+        """:meth:`dlrm.data.source.Source.train_batches`, :attr:`prefetch` batches ahead. Rows are read in file
+        order: ``data.shuffle`` is refused for this source at config time (MLPerf: no shuffling), so
+        ``req.shuffle`` and ``req.seed`` are unused."""
+        reader = BatchReader(self, req.feature_names, req.multi_hot, self.pin_memory)
+
+        def gen() -> Iterator[Batch]:
+            step = 0
+            for _ in range(req.epochs):
+                for start, size in req.plan:
+                    if req.max_steps is not None and step >= req.max_steps:
+                        return
+                    if step >= req.start_step:
+                        yield reader.read(start + req.rank * size, start + (req.rank + 1) * size)
+                    step += 1
+
+        it = prefetched(gen(), self.prefetch)
+        return expanded(reader.expand, it) if reader.on_device else it
+
+    def eval_batches(self, req: EvalRequest) -> Iterator[Tuple[Batch, torch.Tensor]]:
+        """:meth:`dlrm.data.source.Source.eval_batches`, :attr:`prefetch` batches ahead."""
+        reader = BatchReader(self, req.feature_names, req.multi_hot, self.pin_memory)
+        batch_size, spans = eval_spans(len(self), req.batch_size, req.rank, req.world_size)
+
+        def gen() -> Iterator[Tuple[Batch, torch.Tensor]]:
+            for start, real in spans:
+                weight = torch.zeros(batch_size)
+                weight[:real] = 1.0
+                if real == 0:
+                    yield reader.read(0, 0, pad_to=batch_size), weight
+                else:
+                    yield reader.read(start, start + real, pad_to=batch_size), weight
+
+        it = prefetched(gen(), self.prefetch)
+        if not reader.on_device:
+            return it
+        return expanded(lambda bw: (reader.expand(bw[0]), bw[1]), it)
 
 
 # --------------------------------------------------------------------------------------------- multi-hot
@@ -466,69 +504,6 @@ class BatchReader:
             f"{int(self.split.table_rows[t])} rows (ids are never remapped); the file is corrupt or was built for "
             f"other table sizes: {redo_hint(path)}"
         )
-
-
-def train_batches(
-    split: BinarySplit,
-    *,
-    plan: Sequence[Tuple[int, int]],
-    rank: int,
-    epochs: int,
-    max_steps: Optional[int],
-    feature_names: Sequence[str],
-    multi_hot: Optional[BinaryMultiHot],
-    prefetch: int = 2,
-    pin_memory: Optional[bool] = None,
-    start_step: int = 0,
-) -> Iterator[Batch]:
-    """This rank's training batches: for each ``(start, size)`` of ``plan`` (``dlrm.data.train_plan``), rows
-    ``[start + rank*size, start + (rank+1)*size)``; every rank gets the same count and sizes. ``start_step`` (a
-    resumed run's step count) skips that many batches by index without reading them."""
-    reader = BatchReader(split, feature_names, multi_hot, pin_memory)
-
-    def gen() -> Iterator[Batch]:
-        step = 0
-        for _ in range(epochs):
-            for start, size in plan:
-                if max_steps is not None and step >= max_steps:
-                    return
-                if step >= start_step:
-                    yield reader.read(start + rank * size, start + (rank + 1) * size)
-                step += 1
-
-    it = prefetched(gen(), prefetch)
-    return expanded(reader.expand, it) if reader.on_device else it
-
-
-def eval_batches(
-    split: BinarySplit,
-    *,
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    feature_names: Sequence[str],
-    multi_hot: Optional[BinaryMultiHot],
-    prefetch: int = 2,
-    pin_memory: Optional[bool] = None,
-) -> Iterator[Tuple[Batch, torch.Tensor]]:
-    """``(batch, weight)`` of this rank's contiguous share, the layout of ``dlrm.data.eval_batches``: every
-    rank yields the same number of full batches; padding rows (copies of split row 0) weigh 0."""
-    reader = BatchReader(split, feature_names, multi_hot, pin_memory)
-    batch_size, spans = eval_spans(len(split), batch_size, rank, world_size)
-
-    def gen() -> Iterator[Tuple[Batch, torch.Tensor]]:
-        for start, real in spans:
-            weight = torch.zeros(batch_size)
-            weight[:real] = 1.0
-            if real == 0:
-                yield reader.read(0, 0, pad_to=batch_size), weight
-            else:
-                yield reader.read(start, start + real, pad_to=batch_size), weight
-
-    it = prefetched(gen(), prefetch)
-    if not reader.on_device:
-        return it
-    return expanded(lambda bw: (reader.expand(bw[0]), bw[1]), it)
 
 
 # ------------------------------------------------------------------------------------------ trainer entry
