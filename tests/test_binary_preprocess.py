@@ -19,6 +19,7 @@ from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
 from dlrm.config import MLPERF_NUM_EMBEDDINGS
 from dlrm.data import binary_format as BF
 from dlrm.data import preprocess as P
+from dlrm.data import preprocess_passes as PP
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
 ROWS = [
@@ -370,8 +371,8 @@ def test_unusual_but_valid_lines_follow_criteo_tsv_rules(tmp_path: Path) -> None
 
 def test_fast_parser_equals_line_parser(days3: List[Path]) -> None:
     buf = days3[0].read_bytes()
-    fast = P.parse_block(buf)
-    slow = P.parse_block_slow(buf, "x", 1, {})
+    fast = PP.parse_block(buf)
+    slow = PP.parse_block_slow(buf, "x", 1, {})
     assert fast is not None
     for a, b in zip(fast, slow):
         np.testing.assert_array_equal(a, b)
@@ -382,7 +383,7 @@ def test_fast_parser_equals_line_parser(days3: List[Path]) -> None:
 def test_real_samples_parse_like_read_tsv(tmp_path: Path) -> None:
     for path in (KAGGLE_SAMPLE, TB_SAMPLE):
         buf = path.read_bytes()
-        fast = P.parse_block(buf)
+        fast = PP.parse_block(buf)
         assert fast is not None, "the fast path should take real Criteo lines"
         ref = read_tsv(str(path))
         np.testing.assert_array_equal(fast[0], ref.labels)
