@@ -203,6 +203,57 @@ def preprocess(
             a Kaggle file of fewer than 7 lines; ``out`` a file, or holding a dataset built with other options
             (without ``overwrite``).
     """
+    days = _check_options(out, layout, inputs, days, table_rows, transform, dense_min, overwrite)
+    jobs = _day_jobs(layout, inputs, days, block_bytes)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:  # a file on the way, or no permission
+        raise PreprocessError(f"--out {out}: cannot create it ({e.strerror}); give a directory you can write") from None
+    full = _parse_jobs(jobs, out, table_rows, block_bytes)
+    t0 = time.perf_counter()
+    parsed = run_jobs(parse_day, full, workers, "parse", total_bytes=sum(j["progress_bytes"] for j in jobs))
+    t1 = time.perf_counter()
+    train = parsed[:-1]
+    m = dense_min if dense_min is not None else min(r["dense_min"] for r in train)
+    m_src = "given" if dense_min is not None else f"days {jobs[0]['day']}-{jobs[-2]['day']} (training)"
+    djobs = [
+        dict(
+            root=out,
+            day=j["day"],
+            rows=r["rows"],
+            keep_raw=keep_raw,
+            source=j["path"],
+            start_line=j["start_line"],
+            parse_job=fj,
+            expect=dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]),
+        )
+        for j, r, fj in zip(jobs, parsed, full)
+    ]
+    dense = run_jobs(dense_day, djobs, workers, "dense")
+    if timings is not None:
+        timings.update(parse=t1 - t0, dense=time.perf_counter() - t1)
+    meta = _dataset_meta(layout, table_rows, transform, m, m_src, keep_raw, jobs, parsed, dense)
+    _carry_multi_hot(out, meta)
+    fmt.write_meta(out, meta)
+    return meta
+
+
+def _check_options(
+    out: str,
+    layout: str,
+    inputs: Sequence[str],
+    days: Sequence[int],
+    table_rows: Sequence[int],
+    transform: str,
+    dense_min: Optional[int],
+    overwrite: bool,
+) -> List[int]:
+    """Refuse options :func:`preprocess` cannot use, before anything is written; returns the days to build
+    (``0 .. 6`` for the Kaggle layout).
+
+    Raises:
+        PreprocessError: as :func:`preprocess` says (all but a Kaggle file that is too short).
+    """
     if transform not in TRANSFORMS:
         raise PreprocessError(f"--dense-transform {transform!r}: choose one of {', '.join(TRANSFORMS)}")
     if len(table_rows) != NUM_CAT or min(table_rows) < 1:
@@ -231,6 +282,16 @@ def preprocess(
                 f"--out {out} holds a dataset built with other options ({'; '.join(changed)}), which this run "
                 "would replace; give another --out, or add --overwrite to rebuild it there"
             )
+    return list(days)
+
+
+def _day_jobs(layout: str, inputs: Sequence[str], days: Sequence[int], block_bytes: int) -> List[Dict[str, Any]]:
+    """One parse job per day: its file, first byte and line, line count (None: to the end) and the bytes it reads
+    (for the progress bar). The Kaggle layout cuts its one file into :data:`KAGGLE_DAYS` equal days.
+
+    Raises:
+        PreprocessError: a Kaggle file of fewer than :data:`KAGGLE_DAYS` lines.
+    """
     jobs = []
     if layout == "kaggle":
         (path,) = inputs
@@ -263,10 +324,14 @@ def preprocess(
             jobs.append(
                 dict(path=path, day=d, start_byte=0, start_line=1, max_lines=None, progress_bytes=os.path.getsize(path))
             )
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:  # a file on the way, or no permission
-        raise PreprocessError(f"--out {out}: cannot create it ({e.strerror}); give a directory you can write") from None
+    return jobs
+
+
+def _parse_jobs(
+    jobs: List[Dict[str, Any]], out: str, table_rows: Sequence[int], block_bytes: int
+) -> List[Dict[str, Any]]:
+    """:func:`dlrm.data.preprocess_passes.parse_day`'s job for each of :func:`_day_jobs`' days, with ``expect``:
+    the inputs its marker records (a re-run skips the day when they match)."""
     full = []
     for j in jobs:
         st = os.stat(j["path"])
@@ -281,29 +346,23 @@ def preprocess(
             progress_bytes=j["progress_bytes"],
         )
         full.append(dict(j, root=out, table_rows=list(table_rows), block_bytes=block_bytes, expect=expect))
-    t0 = time.perf_counter()
-    parsed = run_jobs(parse_day, full, workers, "parse", total_bytes=sum(j["progress_bytes"] for j in jobs))
-    t1 = time.perf_counter()
-    train = parsed[:-1]
-    m = dense_min if dense_min is not None else min(r["dense_min"] for r in train)
-    m_src = "given" if dense_min is not None else f"days {jobs[0]['day']}-{jobs[-2]['day']} (training)"
-    djobs = [
-        dict(
-            root=out,
-            day=j["day"],
-            rows=r["rows"],
-            keep_raw=keep_raw,
-            source=j["path"],
-            start_line=j["start_line"],
-            parse_job=fj,
-            expect=dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]),
-        )
-        for j, r, fj in zip(jobs, parsed, full)
-    ]
-    dense = run_jobs(dense_day, djobs, workers, "dense")
-    if timings is not None:
-        timings.update(parse=t1 - t0, dense=time.perf_counter() - t1)
-    meta = {
+    return full
+
+
+def _dataset_meta(
+    layout: str,
+    table_rows: Sequence[int],
+    transform: str,
+    m: int,
+    m_src: str,
+    keep_raw: bool,
+    jobs: List[Dict[str, Any]],
+    parsed: List[Dict[str, Any]],
+    dense: List[Dict[str, Any]],
+) -> Dict[str, Any]:
+    """The ``meta.json`` content of a dataset whose days ``jobs`` went through the parse (``parsed``) and dense
+    (``dense``) passes, with the dense transform's ``m`` and where it came from (``m_src``)."""
+    return {
         "format": fmt.FORMAT,
         "version": fmt.VERSION,
         "layout": layout,
@@ -314,7 +373,7 @@ def preprocess(
         else "log(max(x, 0) + 1), missing x = 0",
         "dense_min": m if transform == "mlperf" else None,
         "dense_min_source": m_src if transform == "mlperf" else None,
-        "train_dense_min": min(r["dense_min"] for r in train),
+        "train_dense_min": min(r["dense_min"] for r in parsed[:-1]),
         "splits": "train = all days but the last; val = first ceil(N/2) rows of the last day; test = the rest",
         "days": [
             {
@@ -329,9 +388,6 @@ def preprocess(
         ],
         "multi_hot": None,
     }
-    _carry_multi_hot(out, meta)
-    fmt.write_meta(out, meta)
-    return meta
 
 
 def _carry_multi_hot(out: str, meta: Dict[str, Any]) -> None:
