@@ -10,7 +10,8 @@ call through. :func:`make_multi_hot` builds the source's multi-hot expander. The
 * ``synthetic.py`` (``data=synthetic``), ``criteo_tsv.py`` (``data=criteo_tsv``): sources of in-memory splits.
 * ``binary_format.py``, ``binary.py``, ``prefetch.py`` (``data=criteo_binary``): the preprocessed format, its
   memory-mapped reader and the thread that reads ahead; ``multihot.py``: the MLPerf expansion tables;
-  ``preprocess.py``: raw TSV to the binary format.
+  ``preprocess.py`` (the driver) and ``preprocess_passes.py`` (the parser and per-day passes): raw TSV to the
+  binary format.
 
 Rank layout: global batch ``i`` is rows ``[i*G, (i+1)*G)`` (``G`` = global batch) and rank ``r`` takes the
 ``r``-th contiguous block of it, so the sequence of global batches, and hence the math, does not depend on the
