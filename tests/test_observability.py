@@ -257,7 +257,7 @@ def test_mlperf_recipe_at_toy_size_passes_the_compliance_checker(tmp_path: Path)
     import numpy as np
 
     from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
-    from dlrm.data import binary as B
+    from dlrm.data import binary_format as BF
     from dlrm.data import preprocess as P
 
     root, run_dir = tmp_path / "criteo_bin", tmp_path / "run"
@@ -269,7 +269,7 @@ def test_mlperf_recipe_at_toy_size_passes_the_compliance_checker(tmp_path: Path)
         days.append(
             (np.log1p(g.exponential(20.0, (n, 13))).astype(np.float32), ids, (g.random(n) < 0.25).astype(np.int32))
         )
-    B.write_dataset(str(root), days, rows)
+    BF.write_dataset(str(root), days, rows)
     P.multihot(out=str(root), sizes=MLPERF_MULTI_HOT_SIZES, seed=0, materialize=True, workers=1)
     p = run(
         [
