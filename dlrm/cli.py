@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from dlrm.config import CONF_DIR, InputError, compose, error_line, register_configs
 from dlrm.dist import env_int
+from dlrm.rundir import probe
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
@@ -120,11 +121,12 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
 
 def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[str, str]) -> None:
     """Create the run directory's fixed part (up to any ``${now:...}``) now, so that a path that cannot be one
-    stops the run with one line instead of Hydra's traceback.
+    stops the run with one line instead of Hydra's traceback; refuse a run directory that a live run of another
+    job owns (:func:`dlrm.rundir.probe`) before Hydra writes into it.
 
     Raises:
         InputError: the directory cannot be made (a file in its way, no permission), naming ``hydra.run.dir`` or
-            ``$DLRM_OUTPUT_ROOT`` (whichever gave it).
+            ``$DLRM_OUTPUT_ROOT`` (whichever gave it); a live run owns it (``ConfigError``).
     """
     given = [a for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
     made = [a for a in overrides if a.startswith("hydra.run.dir=")]
@@ -143,6 +145,8 @@ def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[st
         raise InputError(
             f"{where}: cannot make the run directory {fixed} ({e.strerror or e}); give a writable directory"
         ) from None
+    if "${" not in path:  # a live run of another job owns it: refuse before Hydra rewrites its .hydra/
+        probe(fixed, "hydra.run.dir", env)
 
 
 register_configs()
@@ -177,7 +181,11 @@ def hydra_main(cfg: DictConfig) -> None:
         log_error_to_file(f"error: {e}")
     finally:
         if trainer is not None:
-            trainer.close()
+            try:
+                trainer.close()
+            except InputError as e:  # the last async save failed on a full disk: its one line
+                ok, failure = False, failure or e
+                log_error_to_file(f"error: {e}")
         shutdown(barrier=ok)
     if failure is not None:
         print(f"error: {failure}", file=sys.stderr, flush=True)
