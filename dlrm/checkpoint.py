@@ -417,6 +417,13 @@ def load_app_state(
     return report
 
 
+def _dir_bytes(path: str) -> int:
+    """Bytes of the files directly in ``path`` (0 if it is absent)."""
+    if not os.path.isdir(path):
+        return 0
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+
+
 def _state_bytes(state: Dict[str, Any]) -> int:
     """Bytes of this rank's tensors in ``state`` (a ``ShardedTensor``: its local shards), about what its save
     writes."""
@@ -972,21 +979,18 @@ class Checkpointer:
     def _failed(self, step: int, e: BaseException) -> Optional[StorageError]:
         """The error for the save of ``step`` that failed with ``e`` when the cause is storage (an ``ENOSPC``,
         ``EDQUOT`` or ``EROFS`` on any rank, or fewer bytes free than the save needs: torch's zip writer reports
-        a short write as ``RuntimeError: unexpected pos``), else None. Rank 0 first removes the partial
-        ``step_<N>.tmp`` (every rank is past the failed write: DCP gathers its outcome from all of them), which
-        gives its space back; the bytes needed are the newest checkpoint's size, else this rank's state."""
+        a short write as ``RuntimeError: unexpected pos``), else None. For a storage fault rank 0 removes the
+        partial ``step_<N>.tmp`` (every rank is past the failed write: DCP gathers its outcome from all of them),
+        which gives its space back. The bytes needed are the newest checkpoint's size, else this rank's state."""
         tmp = step_dir(self.root, step) + ".tmp"
+        done = list_checkpoints(self.root)
+        needed = _dir_bytes(done[-1][1]) if done else _state_bytes(app_state(self.model, self.optimizer))
+        free = free_bytes(self.root)
+        # what was free before this save: what is free now plus what its partial files took
+        if not (is_storage_fault(e) or (free is not None and free + _dir_bytes(tmp) < needed)):
+            return None  # e.g. a peer rank killed mid-save: its step_<N>.tmp stays for the next start to report
         if self.info.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        done = list_checkpoints(self.root)
-        if done:
-            p = done[-1][1]
-            needed = sum(os.path.getsize(os.path.join(p, n)) for n in os.listdir(p))
-        else:
-            needed = _state_bytes(app_state(self.model, self.optimizer))
-        free = free_bytes(self.root)
-        if not (is_storage_fault(e) or (free is not None and free < needed)):
-            return None
         kept = (
             f"the earlier checkpoints are intact (newest {os.path.basename(done[-1][1])}): free space there or set "
             f"checkpoint.dir to a larger disk, and launch again to resume from it"

@@ -122,7 +122,7 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
 def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
     """2 gloo ranks under ``torchrun --max-restarts 1`` (torchx component ``--max_restarts``): rank 1 is SIGKILLed
     while writing step 10; torchrun restarts both workers in place; the restart ignores (and removes) the
-    partial step_10.tmp, resumes from step_5 as the same job's owner of the run directory and finishes; the re-run steps 6-10 log the same losses as the first
+    partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log the same losses as the first
     attempt (exact resume with 2 processes).
 
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (set by launch/components.py): without it the restarted rank 1 can
@@ -154,8 +154,6 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
     assert p.returncode == 0, text
     assert "killing rank 1 mid-save" in text and "exitcode: -9" in text, text
     assert "ignoring incomplete checkpoint" in text and "step_10.tmp" in text, text
-    assert f"{d}: taking over from this job's previous attempt" in text, text  # its own restart: no warning
-    assert "killed or its node lost" not in text, text
     assert "step_5 at step 5" in text, text
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun" not in text, text
     assert sorted(os.listdir(d / "checkpoints")) == ["step_10", "step_15"]
