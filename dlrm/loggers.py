@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 class _OursOr(logging.Filter):
@@ -95,6 +95,23 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r".*an autograd kernel was not registered to the Autograd key")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\..*")
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*HeuristicalStorageReservation")
+
+
+def _after(rec: Dict[str, Any], step: int) -> bool:
+    s = rec.get("step")
+    return isinstance(s, int) and not isinstance(s, bool) and s > step and rec.get("event") != "resume"
+
+
+def _last_resume(records: List[Dict[str, Any]]) -> int:
+    return max((i for i, r in enumerate(records) if r.get("event") == "resume"), default=-1)
+
+
+def apply_resume(records: List[Dict[str, Any]], rec: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """``records`` (read so far from a ``metrics.jsonl``) followed by ``rec``; a resume marker
+    (:meth:`MetricsLogger.resumed`) first drops the records it supersedes (a step after its ``step``)."""
+    if rec.get("event") == "resume" and isinstance(rec.get("step"), int):
+        records = [r for r in records if not _after(r, rec["step"])]
+    return [*records, rec]
 
 
 def _repair_last_line(path: str) -> None:
@@ -219,6 +236,38 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log({f"{kind}/{k}": v for k, v in scalars.items()}, step=step)
+
+    def resumed(self, step: int, checkpoint: str) -> None:
+        """Mark in ``metrics.jsonl`` that the run resumed at ``step`` from ``checkpoint``: one record
+        ``{"event": "resume", "step", "checkpoint", "superseded", "previous_segment_s"}``. The records before it with
+        a step after ``step`` (``superseded`` of them: steps the killed run had logged past its last checkpoint)
+        are replayed by this run, and readers drop them (:func:`dlrm.report.load_run`), leaving one record per
+        step; ``previous_segment_s`` is the training time the ended segment logged (its last ``time_s``), so
+        that wall time adds up over segments."""
+        if not self.is_main:
+            return
+        kept: List[Dict[str, Any]] = []
+        with open(self.path, "rb") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    kept = apply_resume(kept, rec)
+        segment = [r for r in kept[_last_resume(kept) + 1 :] if isinstance(r.get("time_s"), (int, float))]
+        self._write(
+            json.dumps(
+                {
+                    "event": "resume",
+                    "step": step,
+                    "checkpoint": checkpoint,
+                    "superseded": sum(1 for r in kept if _after(r, step)),
+                    "previous_segment_s": max((r["time_s"] for r in segment), default=0.0),
+                }
+            ).encode("utf-8")
+            + b"\n"
+        )
 
     def _write(self, data: bytes) -> None:
         """Append one record to ``metrics.jsonl``, whole or not at all.

@@ -447,6 +447,7 @@ class Trainer:
         )
         if self.ckpt.resume(self.state, resume_from):
             self.metrics.advance(self.step)
+            self.metrics.resumed(self.step, resume_from)  # the steps after it that metrics.jsonl holds are replayed
             if self.step >= self.total_steps:  # a relaunch of a finished run: nothing to train, and say so
                 log.warning(
                     "checkpoint %s is at step %d, which is already this run's last (%d: trainer.max_steps / "

@@ -112,6 +112,25 @@ def test_a_live_run_owns_its_directory_and_a_killed_one_is_taken_over(tmp_path: 
     assert not inflight.exists()  # the new owner removes the interrupted save it found
     assert (d / "owner.lock").read_text() == ""  # a clean end releases the directory: no warning next time
 
+    # metrics.jsonl across the restart: the killed run's steps after step_<newest> are marked as replayed, and a
+    # reader sees one record per step; wall time adds the killed segment's
+    from dlrm.report import load_run, summarize
+
+    raw = records(d)
+    marker = next(r for r in raw if r.get("event") == "resume")
+    first_run = raw[: raw.index(marker)]
+    assert marker == {
+        "event": "resume",
+        "step": newest,
+        "checkpoint": str(d / "checkpoints" / f"step_{newest}"),
+        "superseded": sum(1 for r in first_run if r["step"] > newest),
+        "previous_segment_s": first_run[-1]["time_s"],
+    }
+    assert marker["superseded"] >= 1 or steps[-1] == newest
+    got = load_run(str(d))
+    assert [r["step"] for r in got if "loss" in r] == list(range(1, newest + 3))
+    assert summarize(got)["wall_s"] == first_run[-1]["time_s"] + raw[-1]["time_s"]
+
 
 def test_a_restart_of_the_same_job_resumes_as_its_owner(tmp_path: Path) -> None:
     """A relaunch with the job's identity (``$TORCHELASTIC_RUN_ID``, as ``torchrun --max-restarts`` keeps it; the
@@ -265,3 +284,17 @@ def test_a_full_run_directory_stops_the_run_and_a_resume_repairs_metrics(tmp_pat
     ) in p.stdout, p.stdout
     assert report_main([str(d), "--out", str(tmp_path / "r.png")]) == 0
     assert records(d)[-1]["step"] == newest + 1
+
+
+def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
+    """A launch refused at start-up removes the run directory it made (Hydra had written .hydra/ there); one into an
+    existing directory leaves it as it was."""
+    d = tmp_path / "new"
+    p = _train(d, "data.batch_size=-3")
+    assert (p.returncode, p.stderr) == (2, "error: config key `data.batch_size`: must be positive\n")
+    assert not d.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    p = _train(kept, "data.batch_size=-3")
+    assert p.returncode == 2 and (kept / "notes.txt").read_text() == "mine"
