@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from dlrm.config import CONF_DIR, InputError, compose, error_line, register_configs
 from dlrm.dist import env_int
-from dlrm.rundir import probe
+from dlrm.rundir import LOCK_NAME, probe
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
@@ -205,11 +205,16 @@ _new_run_dir = False  # main(): this launch makes its run directory (see check_r
 
 
 def remove_refused_run_dir(run_dir: str) -> bool:
-    """Remove the run directory that a refused launch made, when it holds nothing of a run: no metrics record and
-    no checkpoint (only Hydra's ``.hydra/``, ``train.log`` with the error, the released ``owner.lock``, and what
-    set-up made before the refusal). Returns whether it was removed."""
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.isdir(os.path.join(run_dir, "checkpoints")) or (os.path.isfile(metrics) and os.path.getsize(metrics)):
+    """Remove the run directory that a refused launch made, when it holds nothing of a run: no metrics record, no
+    checkpoint and no owner's record (only Hydra's ``.hydra/``, ``train.log`` with the error, this launch's
+    released ``owner.lock``, and what set-up made before the refusal; a launch that started at the same moment and
+    owns it keeps it). Returns whether it was removed."""
+    metrics, owner = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, LOCK_NAME)
+    if (
+        os.path.isdir(os.path.join(run_dir, "checkpoints"))
+        or (os.path.isfile(metrics) and os.path.getsize(metrics))
+        or (os.path.isfile(owner) and os.path.getsize(owner))
+    ):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
     return not os.path.exists(run_dir)

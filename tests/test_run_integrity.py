@@ -298,3 +298,22 @@ def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
     (kept / "notes.txt").write_text("mine")
     p = _train(kept, "data.batch_size=-3")
     assert p.returncode == 2 and (kept / "notes.txt").read_text() == "mine"
+
+
+def test_a_refused_launch_keeps_a_directory_another_run_owns(tmp_path: Path) -> None:
+    """The clean-up of a refused launch spares a directory whose ``owner.lock`` names a run (one that started at
+    the same moment and won it), or that holds a metrics record or checkpoints."""
+    from dlrm.cli import remove_refused_run_dir
+
+    made = {"owner.lock": '{"pid": 1}\n', "metrics.jsonl": '{"step": 1}\n', "checkpoints/step_1/x": ""}
+    for name, text in made.items():
+        d = tmp_path / name.split("/")[0].replace(".", "_")
+        (d / ".hydra").mkdir(parents=True)
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+        assert not remove_refused_run_dir(str(d)) and (d / name).is_file()
+    d = tmp_path / "refused"
+    (d / ".hydra").mkdir(parents=True)
+    (d / "owner.lock").write_text("")  # released by the refused launch itself
+    (d / "train.log").write_text("error: ...\n")
+    assert remove_refused_run_dir(str(d)) and not d.exists()
