@@ -167,10 +167,9 @@ def _setup_in_held_dir(rank: int, world: int, run_dir: str) -> str:
     return "set up"
 
 
-def test_every_rank_refuses_a_directory_a_live_run_owns(tmp_path: Path) -> None:
-    """Two ranks into a directory another process owns: rank 0 decides, both raise the same error (no hang), and
-    the directory holds only the owner's lock."""
-    d = tmp_path / "run"
+@contextmanager
+def _holder(d: Path) -> Iterator[subprocess.Popen]:
+    """Another process that owns ``d`` (:func:`dlrm.rundir.claim`) until the block ends."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from dlrm.rundir import claim; claim(sys.argv[1], 'k', {}); "
          "print('held', flush=True); sys.stdin.read()", str(d)],
@@ -178,17 +177,40 @@ def test_every_rank_refuses_a_directory_a_live_run_owns(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        start = json.loads((d / "owner.lock").read_text())["start"]
-        got = run_gloo(2, _setup_in_held_dir, str(d), timeout=240)
+        yield holder
     finally:
         holder.kill()
         holder.wait()
-    line = (
-        f"config key `hydra.run.dir`: {d} is in use by a live run: pid {holder.pid} on host {socket.gethostname()}, "
-        f"started {start}; wait for it to end or stop it, or give this run another directory"
+
+
+def _in_use(key: str, d: Path, pid: int) -> str:
+    start = json.loads((d / "owner.lock").read_text())["start"]
+    return (
+        f"config key `{key}`: {d} is in use by a live run: pid {pid} on host {socket.gethostname()}, started {start}; "
+        "wait for it to end or stop it, or give this run another directory"
     )
+
+
+def test_every_rank_refuses_a_directory_a_live_run_owns(tmp_path: Path) -> None:
+    """Two ranks into a directory another process owns: rank 0 decides, both raise the same error (no hang), and
+    the directory holds only the owner's lock."""
+    d = tmp_path / "run"
+    with _holder(d) as holder:
+        line = _in_use("hydra.run.dir", d, holder.pid)
+        got = run_gloo(2, _setup_in_held_dir, str(d), timeout=240)
     assert got == [line, line]
     assert os.listdir(d) == ["owner.lock"]
+
+
+def test_a_checkpoint_dir_another_run_owns_is_refused(tmp_path: Path) -> None:
+    """Two runs with their own run directories but one ``checkpoint.dir``: the second is refused naming
+    ``checkpoint.dir`` and the owner, and leaves neither a run directory nor a change in the checkpoints."""
+    ck, d = tmp_path / "ck", tmp_path / "run"
+    with _holder(ck) as holder:
+        p = _train(d, f"checkpoint.dir={ck}", "trainer.max_steps=2")
+        line = _in_use("checkpoint.dir", ck, holder.pid)
+    assert (p.returncode, p.stderr) == (2, f"error: {line}\n"), p.stdout + p.stderr
+    assert not d.exists() and os.listdir(ck) == ["owner.lock"]
 
 
 # ------------------------------------------------------------------------------------------------ storage faults
