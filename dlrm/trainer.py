@@ -227,7 +227,10 @@ class Trainer:
                 setting this device or world cannot run, ``data.global_batch_size`` not a multiple of the world
                 size, fewer training rows than ranks, data kept on the GPU that fills its HBM,
                 ``checkpoint.resume`` naming no checkpoint, or ``none`` where checkpoints are, a checkpoint of
-                another global batch, a ``checkpoint.dir`` that is a file, a sink's directory that cannot be made.
+                another global batch, a ``checkpoint.dir`` that is a file or that saves could not write, a sink's
+                directory that cannot be made; a run directory (or ``checkpoint.dir``) that a live run owns
+                (:mod:`dlrm.rundir`).
+            dlrm.rundir.StorageError: ``config.yaml`` or ``plan.json`` cannot be written for want of space.
             InputError: other bad input, as the subclass that names the file, row or table: a data file
                 (``TsvFormatError``, ``BinaryFormatError``; a directory given as a file), the sharding
                 (``PlanError``), a damaged or mismatched checkpoint (``CheckpointError``).
