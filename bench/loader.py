@@ -21,7 +21,9 @@ import platform
 import time
 
 import numpy as np
+import torch
 
+from bench import ids as bench_ids
 from dlrm.config import MLPERF_MULTI_HOT_SIZES, ModelConfig
 from dlrm.data import binary as B
 from dlrm.data import binary_format as BF
@@ -31,29 +33,41 @@ from dlrm.data.source import TrainRequest
 from dlrm.model import FEATURE_NAMES
 
 
-def generate(root: str, rows: int, row_cap: int) -> None:
+def generate(root: str, rows: int, row_cap: int, ids_dist: str = "uniform") -> None:
+    """Write the dataset under ``root`` unless one of these rows, tables and ``ids_dist`` is there: 1-hot ids
+    uniform over each table's rows, or skewed (``bench.ids``: ``criteo``, ``criteo_kaggle``; recorded in
+    ``ids.txt``; a dataset without it has uniform ids)."""
     table_rows = ModelConfig(row_cap=row_cap).table_rows  # the MLPerf tables
     meta_path = os.path.join(root, BF.META)
+    dist_path = os.path.join(root, "ids.txt")
     if os.path.isfile(meta_path):
         meta = json.load(open(meta_path))
+        made = open(dist_path).read().strip() if os.path.isfile(dist_path) else "uniform"
         if (
             sum(d["rows"] for d in meta["days"][:-1]) == rows
             and meta["table_rows"] == table_rows
             and (meta.get("multi_hot") or {}).get("materialized")
+            and made == ids_dist
         ):
             return
+    if os.path.isfile(dist_path):
+        os.remove(dist_path)  # written again last, once the new dataset is complete
     t0 = time.perf_counter()
     g = np.random.default_rng(0)
+    sampler = None if ids_dist == "uniform" else bench_ids.PowerLawIds(table_rows, bench_ids.exponents(ids_dist, 26))
+    g_ids = torch.Generator().manual_seed(0)
     days = []
     for n in (rows // 2, rows - rows // 2, 65536):
         dense = np.log1p(g.exponential(20.0, (n, 13))).astype(np.float32)
         ids = np.empty((n, 26), dtype=np.int32)
         for t, r in enumerate(table_rows):
-            ids[:, t] = g.integers(0, r, n)
+            ids[:, t] = g.integers(0, r, n) if sampler is None else sampler.draw(t, n, g_ids).numpy()
         days.append((dense, ids, (g.random(n) < 0.03).astype(np.int32)))
     BF.write_dataset(root, days, table_rows)
     del days
     P.multihot(out=root, sizes=MLPERF_MULTI_HOT_SIZES, seed=0, materialize=True, workers=1)
+    with open(dist_path, "w", encoding="utf-8") as f:
+        f.write(ids_dist + "\n")
     print(f"generated {root} in {time.perf_counter() - t0:.0f}s", flush=True)
 
 

@@ -64,6 +64,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from bench import ids as bench_ids
 from bench.traces import drain, gpu_time_by_category, sync
 from dlrm.config import (
     MLPERF_MULTI_HOT_SIZES,
@@ -138,19 +139,26 @@ def make_batches(
     host: bool,
     seed: int,
     ids_dtype: torch.dtype = torch.int64,
+    ids: str = "uniform",
 ) -> List[Batch]:
-    """``n`` random batches, built once: uniform ids below each table's rows, ``multi_hot_sizes`` ids per sample
-    and feature (KJT values ``ids_dtype``, int64 by default, int32 as ``data=criteo_binary`` loads them; lengths
-    int32; dense float32 [batch, 13]; labels float32 [batch]). The ids are the same values in either dtype."""
+    """``n`` random batches, built once: ids below each table's rows, ``multi_hot_sizes`` ids per sample and
+    feature (KJT values ``ids_dtype``, int64 by default, int32 as ``data=criteo_binary`` loads them; lengths
+    int32; dense float32 [batch, 13]; labels float32 [batch]). The ids are the same values in either dtype.
+    ``ids``: ``uniform`` (every id independent) or a skewed distribution of ``bench.ids`` (``criteo``: 1-hot ids
+    of the power law fitted to Criteo 1TB, expanded by the MLPerf multi-hot)."""
     where = torch.device("cpu") if host else device
     g = torch.Generator(device=where).manual_seed(seed)
+    g_ids = torch.Generator().manual_seed(seed)  # bench.ids draws on the host, where the expansion tables are
     rows, sizes = mc.table_rows, mc.multi_hot_sizes
     lengths = torch.tensor(sizes, dtype=torch.int32, device=where).repeat_interleave(batch)
     out = []
     for _ in range(n):
-        values = torch.cat(
-            [torch.randint(0, r, (batch * m,), generator=g, device=where) for r, m in zip(rows, sizes)]
-        ).to(ids_dtype)
+        if ids == "uniform":
+            values = torch.cat(
+                [torch.randint(0, r, (batch * m,), generator=g, device=where) for r, m in zip(rows, sizes)]
+            ).to(ids_dtype)
+        else:
+            values = bench_ids.skewed_values(rows, sizes, ids, batch, g_ids).to(where, ids_dtype)
         b = Batch(
             dense_features=torch.randn(batch, 13, generator=g, device=where),
             sparse_features=KeyedJaggedTensor(keys=FEATURE_NAMES, values=values, lengths=lengths),
@@ -235,6 +243,7 @@ class Runner:
             args.host_batches,
             seed=1000 + dist.get_rank(),
             ids_dtype=IDS_DTYPES[getattr(args, "ids_dtype", "int64")],
+            ids=getattr(args, "ids", "uniform"),
         )
 
     def after_step(self, out: Any) -> None:
