@@ -424,10 +424,11 @@ def _attach_profile(
 
 
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+    ids = "" if meta.get("ids", "uniform") == "uniform" else f", {meta['ids']}"
     lines = [
         f"# throughput: {meta['date']} on {meta['device']} x{meta['world']} (torch {meta['torch']}, "
         f"torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} steps, warm-up "
-        f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')}, {meta.get('ids', 'uniform')})",
+        f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')}{ids})",
         "",
         "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock | vs stock_elementwise "
         "| peak GB | plan |",

@@ -75,7 +75,9 @@ def test_tables_follow_the_id_distribution() -> None:
     s = ids.EXPONENTS["criteo"][1]
     want = sum(ids.expected_rows(r, e, h, 32768) for r, e, h in zip(m.table_rows, s, m.multi_hot_sizes))
     assert sk["distinct_rows"] == pytest.approx(want, rel=1e-12) and sk["ids"] == uni["ids"] == 32768 * 214
-    assert sk["distinct_rows"] < uni["distinct_rows"]
+    # the figures docs/performance.md's method gives
+    assert [round(t["distinct_rows"] / 1e6, 2) for t in (sk, uni)] == [0.72, 4.38]
+    assert [round(t["backward_bytes"] / 1e9, 2) for t in (sk, uni)] == [3.27, 10.76]
     out = roofline.main(["--smoke", "--reps", "1", "--ids", "criteo"])
     assert out["ids"] == "criteo" and out["tables"] == roofline.tables(to_config(compose(roofline.SMOKE)).model, 64,
                                                                        "criteo")  # fmt: skip
