@@ -13,7 +13,7 @@ expansion (:class:`dlrm.data.MultiHot`, seed 0), as in the MLPerf data: a bag is
 
 Ranks from ``HEAD`` on are grouped in buckets about 1% wide, each rank of a bucket with the power law's value
 at the bucket's middle: the expected counts used by the fit (:func:`expected_distinct`) and by
-``bench.roofline`` are then exact sums for the distribution the generator draws, over about 66,000 terms
+``bench.roofline`` are then exact sums for the distribution the generator draws, over about 5,000 terms
 instead of up to 40 M.
 
 The fit (:func:`fit_exponent`) is a method of moments on the number of distinct rows: in ``n`` rows of a
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from dlrm.data import MultiHot
 
 DISTRIBUTIONS = ("uniform", "criteo", "criteo_kaggle")
-HEAD = 1 << 16  # ranks below this each have their own probability
+HEAD = 1 << 12  # ranks below this each have their own probability
 BUCKET = 0.01  # relative width of the buckets of ranks past HEAD
 MAX_EXPONENT = 16.0  # the fit's upper bound (3-row tables where one row is never seen reach about 9)
 SCATTER = 2654435761  # prime > 2**31: k -> (SCATTER * k) % rows is a bijection for any table below 2**31 rows
@@ -70,7 +70,7 @@ EXPONENTS: Dict[str, Tuple[str, Tuple[float, ...]]] = {
 def rank_grid(rows: int) -> Tuple[np.ndarray, np.ndarray]:
     """The ranks of a table of ``rows`` rows in groups: int64 ``[G]`` first rank and int64 ``[G]`` width of each
     group; ranks below ``HEAD`` alone, then buckets about ``BUCKET`` of their first rank wide (``G`` is about
-    66,000 for 40 M rows). Every rank is in exactly one group, in order. Read-only (cached per ``rows``)."""
+    5,000 for 40 M rows). Every rank is in exactly one group, in order. Read-only (cached per ``rows``)."""
     head = min(rows, HEAD)
     starts = [np.arange(head, dtype=np.int64)]
     widths = [np.ones(head, dtype=np.int64)]
@@ -93,9 +93,17 @@ def rank_probabilities(rows: int, s: float) -> Tuple[np.ndarray, np.ndarray, np.
     """``(starts, widths, p)``: :func:`rank_grid` and float64 ``[G]`` probability of each single rank of a group
     (the groups' masses ``widths * p`` sum to 1). A group's ranks share the power law at the group's middle."""
     starts, widths = rank_grid(rows)
-    mid = starts + (widths - 1) / 2.0 + 1.0
-    w = mid ** (-float(s))
+    w = np.exp(-float(s) * _log_mid(rows))
     return starts, widths, w / float(np.dot(widths, w))
+
+
+@functools.lru_cache(maxsize=64)
+def _log_mid(rows: int) -> np.ndarray:
+    """float64 ``[G]``: log of ``k + 1`` at the middle of each group of :func:`rank_grid`."""
+    starts, widths = rank_grid(rows)
+    out = np.log(starts + (widths - 1) / 2.0 + 1.0)
+    out.flags.writeable = False
+    return out
 
 
 def expected_distinct(rows: int, s: float, n: int) -> float:
