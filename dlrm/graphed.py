@@ -302,8 +302,14 @@ class GraphedTrainPipeline:
 
     def check_bag_sizes(self) -> None:
         """Raise :class:`dlrm.model.BatchError` if a batch since the last check had other bag sizes than the
-        captured batch (one host sync; ``progress`` also checks every ``CHECK_EVERY`` steps)."""
-        if self._bad is not None and bool(self._bad.item()):
+        captured batch (one host sync; ``progress`` also checks every ``CHECK_EVERY`` steps). With the ids
+        all-to-all it is collective: every rank calls it, and all raise if one rank's batch differed (a rank that
+        stopped alone would leave the others waiting in the next all-to-all)."""
+        bad = self._bad
+        if bad is not None and self._static_dist is not None:
+            bad = bad.to(torch.int32).reshape(1)
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self._static_dist.group)
+        if bad is not None and bool(bad.item()):
             raise BatchError(
                 "pipeline=graphed: a batch's bag sizes (KJT lengths) differ from those of the batch the step was "
                 "captured with; replays need fixed bag sizes: use data.multi_hot=true (or 1-hot ids) with a "

@@ -155,10 +155,18 @@ MIXED = (
 def test_capture_path_on_two_ranks_trains_as_torchrec_pipeline_bit_for_bit() -> None:
     """2 gloo ranks, each its own ids: the capture path run eagerly (ids all-to-all with fixed splits, dense
     all-reduce inside the step) against ``pipeline=sparse_dist`` over 11 full batches and a half one; losses,
-    every table shard, dense parameters and optimizer state equal bit for bit."""
-    results = run_gloo(2, _compare, "cpu", False, [(" ".join(MIXED), "adagrad")], STEPS_RANKS)
+    every table shard, dense parameters and optimizer state equal bit for bit. Then one rank's batch of other bag
+    sizes makes both ranks raise."""
+    results = run_gloo(2, _two_rank_checks)
     for msgs in results:
-        assert len(msgs) == 1 and f"{STEPS_RANKS} losses" in msgs[0], msgs
+        assert len(msgs) == 2 and f"{STEPS_RANKS} losses" in msgs[0] and msgs[1] == "ok", msgs
+
+
+def _two_rank_checks(rank: int, world: int) -> List[str]:
+    """The comparison, then a batch of other bag sizes on one rank only, which both ranks report."""
+    # with the lean output dist and DDP's all-reduce held behind it, as perf=fast has them on several GPUs
+    case = " ".join(MIXED + ("perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true"))
+    return _compare(rank, world, "cpu", False, [(case, "adagrad")], STEPS_RANKS) + [_bag_sizes(rank, world)]
 
 
 @pytest.mark.gpu
@@ -239,6 +247,8 @@ def test_static_input_dist_equals_torchrec_input_dist_for_every_sharding_type_2_
 
 
 def _bag_sizes(rank: int, world: int) -> str:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     from dlrm.dist import init_distributed
     from dlrm.graphed import GraphedTrainPipeline
     from dlrm.model import BatchError
@@ -248,14 +258,13 @@ def _bag_sizes(rank: int, world: int) -> str:
     info = init_distributed("cpu")
     built = build_training(cfg, info, BATCH)
     pipe = GraphedTrainPipeline(built.model, built.optimizer, built.dense, info.device, capture=False)
-    batches = _batches(cfg, info.device)[:5]
-    # the last batch has as many ids, but its first two samples' bags of the first table swap sizes
-    kjt = batches[-1].sparse_features
-    lengths = kjt.lengths().clone()
-    lengths[0], lengths[1] = lengths[0] + 1, lengths[1] - 1
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    batches[-1].sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=lengths)
+    batches = _batches(cfg, info.device, STEPS, rank)[:5]
+    if rank == world - 1:  # on several ranks only the last one's batch: every rank must raise, none wait
+        # the last batch has as many ids, but its first two samples' bags of the first table swap sizes
+        kjt = batches[-1].sparse_features
+        lengths = kjt.lengths().clone()
+        lengths[0], lengths[1] = lengths[0] + 1, lengths[1] - 1
+        batches[-1].sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=lengths)
     it = iter(batches)
     for _ in range(5):
         pipe.progress(it)
@@ -269,7 +278,7 @@ def _bag_sizes(rank: int, world: int) -> str:
     [
         ([], 1, "cpu", "replays a CUDA graph, but this run is on cpu"),
         (["sharding=row_wise"], 2, "cuda", "row_wise tables send each id to the rank that holds its row"),
-        (["perf.allreduce_dtype=bf16"], 2, "cuda", "all-reduces the dense gradients in fp32 .* allreduce_dtype=bf16"),
+        (["perf.allreduce_dtype=bf16"], 2, "cuda", "dense gradients in fp32 .*perf.allreduce_dtype=bf16"),
         (["optimizer.warmup_steps=100"], 1, "cuda", "optimizer.warmup_steps=100 .* set both to 0"),
         (["offload=uvm"], 1, "cuda", "not built for offload=uvm"),
     ],
