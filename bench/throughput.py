@@ -108,6 +108,7 @@ LEVERS: Dict[str, List[str]] = {
     "fast_graphed_elementwise_adagrad": GRAPHED_ELEMENTWISE,
     # the several-rank graph (ids all-to-all with fixed splits, dense all-reduce in the graph), on any world size
     "fast_graphed_elementwise_ids_all_to_all": GRAPHED_ELEMENTWISE,
+    "fast_graphed_ids_all_to_all": ["perf=fast", "pipeline=graphed"],
     "fp32_graphed": ["perf=fp32", "pipeline=graphed"],
     "fast_graphed_elementwise_max_autotune": GRAPHED_ELEMENTWISE + ["perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
@@ -147,7 +148,10 @@ HOOKS: Dict[str, BuildHooks] = {
     "fast_torchrec_sparse_arch": BuildHooks(model=_torchrec_sparse_arch),
 }
 # variant -> GraphedTrainPipeline arguments the build does not set (the several-rank path forced on one rank)
-PIPELINE_ARGS: Dict[str, Dict[str, Any]] = {"fast_graphed_elementwise_ids_all_to_all": {"ids_all_to_all": True}}
+PIPELINE_ARGS: Dict[str, Dict[str, Any]] = {
+    "fast_graphed_elementwise_ids_all_to_all": {"ids_all_to_all": True},
+    "fast_graphed_ids_all_to_all": {"ids_all_to_all": True},
+}
 DEFAULT_VARIANTS = [
     "stock",
     "fp32",
