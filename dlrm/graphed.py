@@ -348,15 +348,18 @@ class GraphedTrainPipeline:
         ps = [p for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
         for dtype in dict.fromkeys(p.grad.dtype for p in ps):
             same = [p for p in ps if p.grad.dtype == dtype]
-            flat = torch.cat([p.grad.reshape(-1) for p in same])
-            if world > 1:
-                if divide:
-                    flat.div_(world)
+            flat = torch.empty(sum(p.numel() for p in same), dtype=dtype, device=same[0].grad.device)
+            views = [v.view_as(p) for p, v in zip(same, flat.split([p.numel() for p in same]))]
+            for p, v in zip(same, views):  # scaled on the way into the buffer: one pass, as DDP's reducer
+                if world == 1:
+                    v.copy_(p.grad)
+                elif divide:
+                    torch.div(p.grad, world, out=v)
                 else:
-                    flat.mul_(1.0 / world)
+                    torch.mul(p.grad, 1.0 / world, out=v)
             dist.all_reduce(flat, group=group)
-            for p, g in zip(same, flat.split([p.numel() for p in same])):
-                p.grad = g.view_as(p)
+            for p, v in zip(same, views):
+                p.grad = v
 
     @torch.no_grad()
     def _dense_step(self) -> None:
