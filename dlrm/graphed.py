@@ -179,6 +179,10 @@ class GraphedTrainPipeline:
             all-reduce the dense gradients inside the step; None: on several ranks. True on one rank runs the
             several-rank path there (its collectives are issued, over one rank).
 
+    On several ranks every rank's batch of a step must have the same shape, full or partial alike (the trainer's
+    loaders split each global batch evenly): a rank that replays while another trains eagerly would issue other
+    collectives.
+
     ``progress`` returns ``(loss, logits, labels)`` (detached; fresh tensors each step) and raises
     ``StopIteration`` after the last batch.
 
