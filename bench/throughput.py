@@ -27,7 +27,9 @@ Variants (``--variants``):
              ``BASE + LEVERS[name]`` (see ``LEVERS`` below), and timed as ``Trainer.fit`` steps: ``pipeline.progress``,
              the LR scheduler step, and the metric window (one host sync per ``--log-every`` steps, with the
              windowed train AUC). ``HOOKS[name]`` swaps one piece of the build through
-             ``dlrm.trainer.BuildHooks`` (an A/B of a code change, not of a config key).
+             ``dlrm.trainer.BuildHooks`` (an A/B of a code change, not of a config key); ``PIPELINE_ARGS[name]``
+             builds ``pipeline=graphed`` with other arguments (``fast_graphed_elementwise_ids_all_to_all``: the
+             several-rank graph, ids all-to-all and dense all-reduce included, on any number of ranks).
 Variants are built one after another and freed (two capped models plus compiled graphs would not all fit at
 32768); the stock variants run first and again last, so drift over the run shows.
 
@@ -72,6 +74,7 @@ from bench import pipeline_ab as ab
 from dlrm import torchrec_compat as compat
 from dlrm.config import compose, to_config
 from dlrm.dist import DistInfo, init_distributed
+from dlrm.graphed import GraphedTrainPipeline
 from dlrm.metrics import MetricWindow
 from dlrm.model import DLRMTrain
 from dlrm.trainer import BuildHooks, build_training
@@ -105,6 +108,9 @@ LEVERS: Dict[str, List[str]] = {
     # one GPU: the step after the input dist replayed as one CUDA graph (dlrm/graphed.py)
     "fast_graphed": ["perf=fast", "pipeline=graphed"],
     "fast_graphed_elementwise_adagrad": GRAPHED_ELEMENTWISE,
+    # the several-rank graph (ids all-to-all with fixed splits, dense all-reduce in the graph), on any world size
+    "fast_graphed_elementwise_ids_all_to_all": GRAPHED_ELEMENTWISE,
+    "fast_graphed_ids_all_to_all": ["perf=fast", "pipeline=graphed"],
     "fp32_graphed": ["perf=fp32", "pipeline=graphed"],
     "fast_graphed_elementwise_max_autotune": GRAPHED_ELEMENTWISE + ["perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
@@ -143,6 +149,11 @@ def _torchrec_sparse_arch(model: DLRMTrain) -> None:
 HOOKS: Dict[str, BuildHooks] = {
     "fast_torchrec_sparse_arch": BuildHooks(model=_torchrec_sparse_arch),
 }
+# variant -> GraphedTrainPipeline arguments the build does not set (the several-rank path forced on one rank)
+PIPELINE_ARGS: Dict[str, Dict[str, Any]] = {
+    "fast_graphed_elementwise_ids_all_to_all": {"ids_all_to_all": True},
+    "fast_graphed_ids_all_to_all": {"ids_all_to_all": True},
+}
 DEFAULT_VARIANTS = [
     "stock",
     "fp32",
@@ -178,6 +189,10 @@ class TrainerRunner(ab.Runner):
         torch.manual_seed(0)
         built = build_training(cfg, info, batch, hooks=HOOKS.get(name))
         self.model, self.opt, self.pipe, self.scheduler = built.model, built.optimizer, built.pipeline, built.scheduler
+        if name in PIPELINE_ARGS:
+            self.pipe = GraphedTrainPipeline(
+                built.model, built.optimizer, built.dense, info.device, **PIPELINE_ARGS[name]
+            )
         # what the build swapped or compiled, recorded so a result shows it took effect
         self.applied = {"compiled": built.perf.compiled or []}
         self.plan_kernels = sorted(

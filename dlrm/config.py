@@ -651,9 +651,9 @@ class PipelineConfig:
 
     name: str = "sparse_dist"
     """``sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``), ``fused_sparse_dist``, ``semi_sync``,
-    ``prefetch``, ``base`` (``TrainPipelineBase``: no overlap, for debugging) or ``graphed`` (one rank, the step as
-    one CUDA graph: ``dlrm/graphed.py``); what each overlaps: docs/configuration.md, "Config groups". All but
-    ``sparse_dist`` and ``base`` need CUDA."""
+    ``prefetch``, ``base`` (``TrainPipelineBase``: no overlap, for debugging) or ``graphed`` (fixed bag sizes,
+    the step as one CUDA graph: ``dlrm/graphed.py``); what each overlaps: docs/configuration.md, "Config groups".
+    All but ``sparse_dist`` and ``base`` need CUDA."""
     input_dist_group: str = "shared"
     """``shared``: the input dist's KJT all-to-alls run on the default process group; ``dedicated``: on one extra
     group over the same ranks (its own NCCL communicator and stream), so the next batch's ids do not queue behind
@@ -667,7 +667,7 @@ class PipelineConfig:
             self.name in ("sparse_dist", "fused_sparse_dist", "semi_sync", "prefetch", "base", "graphed"),
             "pipeline.name",
             f"got {self.name!r}; use sparse_dist, fused_sparse_dist (CUDA), semi_sync (CUDA), prefetch (uvm "
-            "caching, CUDA), base (plain loop, no overlap, for debugging) or graphed (CUDA graph, one GPU)",
+            "caching, CUDA), base (plain loop, no overlap, for debugging) or graphed (CUDA graph, fixed bag sizes)",
         )
         _check(
             self.semi_sync_start_batch >= 0,

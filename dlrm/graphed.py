@@ -1,4 +1,5 @@
-"""``pipeline=graphed``: one rank's training step after the input dist, replayed as one CUDA graph.
+"""``pipeline=graphed``: the training step after the input dist (on several ranks, with it), replayed as one CUDA
+graph.
 
 Below about 16,384 samples per GPU the step is bound by the host: issuing its ~190 kernels through TorchRec's
 pipeline, DDP, the compiled dense step and the optimizers takes longer than the GPU needs to run them (7-9 ms
@@ -21,13 +22,24 @@ bag has a fixed size, so every full batch has the same shapes, and the step can 
    full batch is copied in (ids gathered into the held input dist, dense features, labels) and the graph
    replayed. Batches of another size (an epoch's last, partial batch) train eagerly as in step 1.
 
-The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses and tables against
-``pipeline=sparse_dist``). What a replay cannot follow is refused (:func:`check_graphed`): several ranks (the
-input dist's all-to-all sizes its buffers on the host), a learning-rate schedule (the graph holds the rates it
-was captured with), offload, and a CPU device. The capture needs the process's current CUDA stream to be a
-stream of its own, set before the model is built (:func:`use_capture_stream`): autograd binds each parameter's
-gradient accumulation to the stream current when DDP first registers it, and the legacy default stream cannot
-take part in a capture.
+Several ranks (or one, forced with ``ids_all_to_all=True``): the held input dist cannot be rebuilt by a gather,
+since each rank's ids come from every rank. With fixed bag sizes every full batch sends the same number of ids
+between the same positions, so :class:`dlrm.static_input_dist.StaticInputDist` finds those positions once and
+the graph sends only the ids, with fixed split sizes (``torch.distributed.all_to_all_single``); its output is
+checked against TorchRec's input dist on the first ``VERIFY_BATCHES`` full batches. The captured step then holds
+the ids all-to-all, the TBE forward, the output-dist all-to-all, the dense forward and backward, the backward
+all-to-all, the TBE backward with its fused optimizer, the dense gradients' all-reduce (one flat fp32 buffer,
+scaled by the world size as DDP scales it) and the dense Adagrad step. The host copies the next batch into the
+input buffers and replays.
+
+The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses, tables, dense
+parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks). What a replay cannot
+follow is refused (:func:`check_graphed`): a learning-rate schedule (the graph holds the rates it was captured
+with), offload, a CPU device, and on several ranks input dists that route ids by value (row_wise, table_row_wise,
+grid_shard: how many ids each rank receives changes every batch) and a reduced-precision dense all-reduce. The
+capture needs the process's current CUDA stream to be a stream of its own, set before the model is built
+(:func:`use_capture_stream`): autograd binds each parameter's gradient accumulation to the stream current when
+DDP first registers it, and the legacy default stream cannot take part in a capture.
 
 Bag sizes are checked on the device without a host sync; the flag is read every ``CHECK_EVERY`` steps, and a batch
 whose bag sizes differ from the captured ones stops the run with :class:`dlrm.model.BatchError`.
@@ -37,15 +49,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.types import ShardedModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrm import torchrec_compat as compat
 from dlrm.config import Config, ConfigError
 from dlrm.model import BatchError
+from dlrm.static_input_dist import VALUE_ROUTED, StaticInputDist
 
 log = logging.getLogger(__name__)
 
@@ -56,25 +72,35 @@ EAGER_DIVISION = {"eager_numerics.division_rounding": True}
 
 WARMUP_STEPS = 2  # eager steps before the rehearsal: the first compiles, the second runs warm
 CHECK_EVERY = 100  # steps between host reads of the bag-size flag
+VERIFY_BATCHES = 2  # full batches whose static ids all-to-all is compared with TorchRec's input dist
+# DDP comm hooks that divide each bucket by the world size before a sum all-reduce (torch's default hook, and the
+# held all-reduce of perf.allreduce_after_output_dist, which issues it); without a hook DDP's reducer multiplies by
+# the reciprocal instead (the same for a world size that is a power of two)
+_DIVIDING_HOOKS = ("allreduce_hook", "AllReduceAfterOutputDist.hook")
 
 
-def check_graphed(cfg: Config, world_size: int, device: torch.device) -> None:
+def check_graphed(
+    cfg: Config, world_size: int, device: torch.device, sharding_types: Optional[Sequence[str]] = None
+) -> None:
     """Refuse a run that ``pipeline=graphed`` cannot replay exactly.
 
+    Args:
+        cfg: the whole config; world_size: ranks in the job; device: this rank's device.
+        sharding_types: the plan's sharding type of every table (after planning); None: judged from
+            ``sharding.sharding_types`` alone.
+
     Raises:
-        ConfigError: not CUDA; more than one rank; a learning-rate warm-up or decay
-            (``optimizer.warmup_steps``, ``optimizer.decay_steps``); ``offload`` other than ``none``.
+        ConfigError: not CUDA; a learning-rate warm-up or decay (``optimizer.warmup_steps``,
+            ``optimizer.decay_steps``); ``offload`` other than ``none``; on several ranks, a plan (or
+            ``sharding.sharding_types``) with row_wise, table_row_wise or grid_shard tables, whose input dist sends
+            each id to the rank holding its row (the all-to-all's sizes change every batch), or
+            ``perf.allreduce_dtype`` other than fp32 (the graph all-reduces the dense gradients in fp32).
     """
     if cfg.pipeline.name != "graphed":
         return
     key = "config key `pipeline.name`: pipeline=graphed"
     if device.type != "cuda":
         raise ConfigError(f"{key} replays a CUDA graph, but this run is on {device.type}; use pipeline=sparse_dist")
-    if world_size != 1:
-        raise ConfigError(
-            f"{key} runs on one rank (the input dist's all-to-all sizes its buffers on the host), but this job has "
-            f"{world_size}; use pipeline=sparse_dist on several GPUs"
-        )
     opt = cfg.optimizer
     if opt.warmup_steps or opt.decay_steps:
         raise ConfigError(
@@ -84,6 +110,23 @@ def check_graphed(cfg: Config, world_size: int, device: torch.device) -> None:
         )
     if cfg.offload.name != "none":
         raise ConfigError(f"{key} is not built for offload={cfg.offload.name}; use offload=none or pipeline=prefetch")
+    if world_size == 1:
+        return
+    types = sharding_types
+    if types is None and cfg.sharding.sharding_types and set(cfg.sharding.sharding_types) <= set(VALUE_ROUTED):
+        types = list(cfg.sharding.sharding_types)
+    routed = sorted(set(types or ()) & set(VALUE_ROUTED))
+    if routed:
+        raise ConfigError(
+            f"{key} sends the ids with fixed splits on several ranks, but {'/'.join(routed)} tables send each id "
+            "to the rank that holds its row, so the all-to-all's sizes change with every batch; use "
+            "sharding=table_wise or column_wise (or per-table sharding.constraints), or pipeline=sparse_dist"
+        )
+    if cfg.perf.allreduce_dtype != "fp32":
+        raise ConfigError(
+            f"{key} all-reduces the dense gradients in fp32 inside the graph, but perf.allreduce_dtype="
+            f"{cfg.perf.allreduce_dtype}; use perf.allreduce_dtype=fp32 or pipeline=sparse_dist"
+        )
 
 
 def use_capture_stream(device: torch.device) -> None:
@@ -122,7 +165,7 @@ def adagrad_one_pass(
 
 class GraphedTrainPipeline:
     """A training pipeline with TorchRec's ``progress(iterator)`` interface that replays one CUDA graph per full
-    batch (module docstring). One rank.
+    batch (module docstring).
 
     Args:
         model: the DMP-wrapped model; its one sharded module is an ``EmbeddingBagCollection`` fed the batch's KJT.
@@ -132,12 +175,22 @@ class GraphedTrainPipeline:
         device: this rank's device.
         capture: false replays nothing and runs the capture path eagerly instead (a CPU check of everything but
             the CUDA graph itself).
+        ids_all_to_all: send the ids with fixed splits (:class:`dlrm.static_input_dist.StaticInputDist`) and
+            all-reduce the dense gradients inside the step; None: on several ranks. True on one rank runs the
+            several-rank path there (its collectives are issued, over one rank).
+
+    On several ranks every rank's batch of a step must have the same shape, full or partial alike (the trainer's
+    loaders split each global batch evenly): a rank that replays while another trains eagerly would issue other
+    collectives.
 
     ``progress`` returns ``(loss, logits, labels)`` (detached; fresh tensors each step) and raises
     ``StopIteration`` after the last batch.
 
     Raises:
-        ConfigError: a model with more than one sharded module, or a dense optimizer that is not Adagrad.
+        ConfigError: a model with more than one sharded module, or a dense optimizer that is not Adagrad; with
+            the ids all-to-all: DDP with a comm hook other than the fp32 all-reduce's, and (on the held batch) an
+            input dist that routes ids by value or whose static form differs from TorchRec's on one of the first
+            ``VERIFY_BATCHES`` full batches.
         BatchError: a batch's bag sizes differ from the captured batch's (found at most ``CHECK_EVERY`` steps
             later).
     """
@@ -149,9 +202,12 @@ class GraphedTrainPipeline:
         dense: torch.optim.Optimizer,
         device: torch.device,
         capture: bool = True,
+        ids_all_to_all: Optional[bool] = None,
     ) -> None:
         self._model = model
-        self._net = model.module  # the unwrapped module: on one rank DDP adds nothing, and its logging syncs
+        # the unwrapped module: DDP's reducer cannot be replayed (its logging syncs the host); the several-rank
+        # path all-reduces the dense gradients itself (_reduce_dense_grads)
+        self._net = model.module
         self._optimizer = optimizer
         self._dense = dense
         self._device = device
@@ -189,6 +245,21 @@ class GraphedTrainPipeline:
         self._bad: Optional[torch.Tensor] = None
         self._compile = capture and device.type == "cuda"
         self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self._ids_all_to_all = world > 1 if ids_all_to_all is None else ids_all_to_all
+        self._static_dist: Optional[StaticInputDist] = None
+        self._verify_left = VERIFY_BATCHES
+        self._reduce: Optional[Tuple[dist.ProcessGroup, int, bool]] = None  # (group, world, divide)
+        if self._ids_all_to_all:
+            ddp = next((m for m in model.modules() if isinstance(m, DistributedDataParallel)), None)
+            group = ddp.process_group if ddp is not None else dist.group.WORLD
+            hook = compat.ddp_comm_hook_name(ddp) if ddp is not None else None
+            if hook and not hook.endswith(_DIVIDING_HOOKS):
+                raise ConfigError(
+                    f"config key `perf.allreduce_dtype`: pipeline=graphed all-reduces the dense gradients in fp32, "
+                    f"but DDP has the comm hook {hook}; use perf.allreduce_dtype=fp32 or pipeline=sparse_dist"
+                )
+            self._reduce = (group, dist.get_world_size(group), bool(hook))
 
     # ------------------------------------------------------------------------------------------ interface
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, ...]:
@@ -216,6 +287,8 @@ class GraphedTrainPipeline:
             self._load(batch)
             if self._steps % CHECK_EVERY == 0:
                 self.check_bag_sizes()
+        if self._static_dist is not None and self._verify_left > 0:
+            self._verify()
         if rehearsal or not self._capture:
             self._optimizer.zero_grad()
             return tuple(t.clone() for t in self._graph_step())
@@ -233,8 +306,14 @@ class GraphedTrainPipeline:
 
     def check_bag_sizes(self) -> None:
         """Raise :class:`dlrm.model.BatchError` if a batch since the last check had other bag sizes than the
-        captured batch (one host sync; ``progress`` also checks every ``CHECK_EVERY`` steps)."""
-        if self._bad is not None and bool(self._bad.item()):
+        captured batch (one host sync; ``progress`` also checks every ``CHECK_EVERY`` steps). With the ids
+        all-to-all it is collective: every rank calls it, and all raise if one rank's batch differed (a rank that
+        stopped alone would leave the others waiting in the next all-to-all)."""
+        bad = self._bad
+        if bad is not None and self._static_dist is not None:
+            bad = bad.to(torch.int32).reshape(1)
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self._static_dist.group)
+        if bad is not None and bool(bad.item()):
             raise BatchError(
                 "pipeline=graphed: a batch's bag sizes (KJT lengths) differ from those of the batch the step was "
                 "captured with; replays need fixed bag sizes: use data.multi_hot=true (or 1-hot ids) with a "
@@ -250,13 +329,41 @@ class GraphedTrainPipeline:
         return out
 
     def _graph_step(self) -> Tuple[torch.Tensor, ...]:
-        """Forward from the held input dist, backward, dense Adagrad: what the graph records."""
+        """(The ids all-to-all,) forward from the held input dist, backward, (the dense gradients' all-reduce,)
+        dense Adagrad: what the graph records."""
         assert self._static is not None
+        if self._static_dist is not None:
+            self._static_dist.run(self._static.sparse_features.values())
         with self._from_held_input_dist():
             loss, out = self._net(self._static)
         loss.backward()
+        if self._reduce is not None:
+            self._reduce_dense_grads()
         self._dense_step()
         return out
+
+    @torch.no_grad()
+    def _reduce_dense_grads(self) -> None:
+        """What DDP does to the dense gradients, on one flat buffer per dtype: scale by the world size (divide
+        with a dividing comm hook, else multiply by the reciprocal, as DDP's reducer does), sum all-reduce; the
+        gradients become views of the reduced buffer."""
+        assert self._reduce is not None
+        group, world, divide = self._reduce
+        ps = [p for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
+        for dtype in dict.fromkeys(p.grad.dtype for p in ps):
+            same = [p for p in ps if p.grad.dtype == dtype]
+            flat = torch.empty(sum(p.numel() for p in same), dtype=dtype, device=same[0].grad.device)
+            views = [v.view_as(p) for p, v in zip(same, flat.split([p.numel() for p in same]))]
+            for p, v in zip(same, views):  # scaled on the way into the buffer: one pass, as DDP's reducer
+                if world == 1:
+                    v.copy_(p.grad)
+                elif divide:
+                    torch.div(p.grad, world, out=v)
+                else:
+                    torch.mul(p.grad, 1.0 / world, out=v)
+            dist.all_reduce(flat, group=group)
+            for p, v in zip(same, views):
+                p.grad = v
 
     @torch.no_grad()
     def _dense_step(self) -> None:
@@ -350,6 +457,9 @@ class GraphedTrainPipeline:
         self._ctx = self._sharded.create_context()
         self._dist = self._sharded.input_dist(self._ctx, self._static.sparse_features).wait().wait()
         held_kjt = self._static.sparse_features
+        if self._ids_all_to_all:  # the graph sends the ids itself (verified on this batch: progress)
+            self._static_dist = StaticInputDist(self._sharded, held_kjt, self._dist)
+            return
         starts = dict(zip(kjt.keys(), held_kjt.offset_per_key()))
         counts = dict(zip(kjt.keys(), held_kjt.length_per_key()))
         self._gathers = []
@@ -375,10 +485,29 @@ class GraphedTrainPipeline:
         kjt = batch.sparse_features
         self._bad |= (kjt.lengths() != self._static.sparse_features.lengths()).any()
         src = kjt.values()
+        if self._static_dist is not None:  # sent by the graph's ids all-to-all
+            self._static.sparse_features.values().copy_(src, non_blocking=True)
         for held, index in self._gathers:
             held.copy_(src if index is None else src.index_select(0, index), non_blocking=True)
         self._static.dense_features.copy_(batch.dense_features, non_blocking=True)
         self._static.labels.copy_(batch.labels, non_blocking=True)
+
+    def _verify(self) -> None:
+        """Send the input buffers' ids with the static all-to-all and compare the result with TorchRec's input
+        dist of the same KJT, on every rank; all ranks raise together if one differs."""
+        assert self._static is not None and self._static_dist is not None
+        kjt = self._static.sparse_features
+        self._static_dist.run(kjt.values())
+        same, what = self._static_dist.check(self._sharded, kjt)
+        flag = torch.tensor([0 if same else 1], dtype=torch.int32, device=kjt.values().device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._static_dist.group)
+        self._verify_left -= 1
+        if int(flag.item()):
+            raise ConfigError(
+                f"config key `pipeline.name`: pipeline=graphed's ids all-to-all with fixed splits differs from "
+                f"TorchRec's input dist on full batch {VERIFY_BATCHES - self._verify_left} after the warm-up "
+                f"({what or 'on another rank'}); use pipeline=sparse_dist"
+            )
 
     @contextlib.contextmanager
     def _from_held_input_dist(self) -> Iterator[None]:

@@ -18,9 +18,9 @@ The pipelines are TorchRec's, used as they are:
 * ``prefetch``: ``PrefetchTrainPipelineSparseDist``: also prefetches batch i+1's rows into the
   ``fused_uvm_caching`` HBM cache on a prefetch stream; for ``offload=uvm_caching``.
 * ``base``: ``TrainPipelineBase``: no overlap (debugging, A/B checks).
-* ``graphed``: :class:`dlrm.graphed.GraphedTrainPipeline` (not TorchRec's): one rank, fixed bag sizes; the step
-  after the input dist is captured once and replayed as one CUDA graph, for batch sizes where issuing the step
-  takes the host longer than the GPU needs to run it. CUDA.
+* ``graphed``: :class:`dlrm.graphed.GraphedTrainPipeline` (not TorchRec's): fixed bag sizes; the step after the
+  input dist (on several ranks with it: the ids all-to-all with fixed splits) is captured once and replayed as one
+  CUDA graph, for batch sizes where issuing the step takes the host longer than the GPU needs to run it. CUDA.
 
 Only the constructor arguments ``(model, optimizer, device)`` are passed (plus ``execute_all_batches=True`` for
 the sparse-dist ones, so the last, possibly partial, batch is trained, and ``start_batch`` for ``semi_sync``): they

@@ -163,6 +163,7 @@ def build_training(
     # pipeline: semi_sync steps the dense optimizer only (the tables' fused optimizer runs in the TBE backward;
     # its step only hands a changed rate to the TBE, and Config refuses a schedule with semi_sync)
     # data_parallel tables are stepped by the dense optimizer, which the graph replaces by element-wise Adagrad
+    check_graphed(cfg, info.world_size, info.device, sharding_types_of(plan))  # the planner's choice too
     dp_tables = "data_parallel" in sharding_types_of(plan)
     if cfg.pipeline.name == "graphed" and cfg.optimizer.sparse_type != "adagrad" and dp_tables:
         raise ConfigError(

@@ -2,13 +2,16 @@
 
 On CPU the pipeline runs its capture path eagerly (``capture=False``): warm-up steps, the held input dist and its
 gather index, the dense Adagrad on the optimizer's state, the eager fallback for a partial batch, and the bag-size
-check. On a GPU host (``pytest -m gpu``) the same comparison runs with the CUDA graph captured and replayed.
+check; on two gloo ranks also the ids all-to-all with fixed splits (checked against TorchRec's input dist for every
+sharding type it takes) and the dense gradients' all-reduce. On a GPU host (``pytest -m gpu``) the same comparison
+runs with the CUDA graph captured and replayed, the several-rank path forced on a one-rank NCCL world too.
 
     .venv/bin/python -m pytest -q tests/test_graphed.py
 """
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any, Dict, List, Tuple
 
 import pytest
@@ -19,15 +22,16 @@ from dlrm.config import ConfigError, compose, to_config
 
 BATCH = 32
 STEPS = 9  # 2 warm-up, the rehearsal, 5 captured or held-input-dist steps, then a partial batch
+STEPS_RANKS = 12  # on several ranks: 2 warm-up, the rehearsal, 8 graph steps, then a partial batch
 
 
-def _cfg(sharding: str, sparse_type: str, pipeline: str, device: str) -> Any:
+def _cfg(sharding: str, sparse_type: str, pipeline: str, device: str, extra: Tuple[str, ...] = ()) -> Any:
     return to_config(
         compose(
             [
                 "model=dlrm_v2_small",
                 "model.row_cap=300",
-                f"sharding={sharding}",
+                *(extra or [f"sharding={sharding}"]),
                 f"optimizer.sparse_type={sparse_type}",
                 f"pipeline={pipeline}",
                 f"device={device}",
@@ -37,14 +41,19 @@ def _cfg(sharding: str, sparse_type: str, pipeline: str, device: str) -> Any:
     )
 
 
-def _batches(cfg: Any, device: torch.device) -> List[Any]:
+def _batches(cfg: Any, device: torch.device, steps: int = STEPS, rank: int = 0) -> List[Any]:
+    """``steps - 1`` full batches and a half one; each rank its own ids."""
     from bench.pipeline_ab import make_batches
 
-    full = make_batches(cfg.model, BATCH, STEPS - 1, device, False, seed=7)
-    return full + make_batches(cfg.model, BATCH // 2, 1, device, False, seed=8)
+    full = make_batches(cfg.model, BATCH, steps - 1, device, False, seed=7 + 100 * rank)
+    return full + make_batches(cfg.model, BATCH // 2, 1, device, False, seed=8 + 100 * rank)
 
 
-def _train(cfg: Any, graphed: bool, capture: bool) -> Tuple[List[float], Dict[str, torch.Tensor], Dict[str, Any]]:
+def _train(
+    cfg: Any, graphed: bool, capture: bool, steps: int = STEPS, ids_all_to_all: Any = None
+) -> Tuple[List[float], Dict[str, torch.Tensor], Dict[str, Any]]:
+    import torch.distributed as dist
+
     from dlrm.dist import init_distributed
     from dlrm.graphed import GraphedTrainPipeline
     from dlrm.trainer import build_training
@@ -53,16 +62,15 @@ def _train(cfg: Any, graphed: bool, capture: bool) -> Tuple[List[float], Dict[st
     torch.manual_seed(0)
     built = build_training(cfg, info, BATCH)
     pipe = built.pipeline
-    if graphed and not capture:  # CPU: the capture path, run eagerly
-        pipe = GraphedTrainPipeline(built.model, built.optimizer, built.dense, info.device, capture=False)
-    it = iter(_batches(cfg, info.device))
-    losses = [float(pipe.progress(it)[0]) for _ in range(STEPS)]
+    if graphed and (not capture or ids_all_to_all is not None):  # CPU: the capture path, run eagerly
+        pipe = GraphedTrainPipeline(
+            built.model, built.optimizer, built.dense, info.device, capture=capture, ids_all_to_all=ids_all_to_all
+        )
+    it = iter(_batches(cfg, info.device, steps, dist.get_rank()))
+    losses = [float(pipe.progress(it)[0]) for _ in range(steps)]
     with pytest.raises(StopIteration):
         pipe.progress(it)
-    state = {
-        k: (v.local_tensor() if hasattr(v, "local_tensor") else v).detach().cpu().clone()
-        for k, v in built.model.state_dict().items()
-    }
+    state = {k: _plain(v) for k, v in built.model.state_dict().items()}
     opt = {k: {n: _plain(t) for n, t in st.items()} for k, st in built.optimizer.state_dict()["state"].items()}
     return losses, state, opt
 
@@ -73,14 +81,29 @@ def _plain(v: Any) -> Any:
     return v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v
 
 
-def _compare(rank: int, world: int, device: str, capture: bool, cases: List[Tuple[str, str]]) -> List[str]:
+def _compare(
+    rank: int,
+    world: int,
+    device: str,
+    capture: bool,
+    cases: List[Tuple[str, str]],
+    steps: int = STEPS,
+    ids_all_to_all: Any = None,
+) -> List[str]:
     out = []
     for sharding, sparse_type in cases:
-        ref = _train(_cfg(sharding, sparse_type, "sparse_dist", device), graphed=False, capture=False)
-        got = _train(_cfg(sharding, sparse_type, "graphed" if capture else "base", device), True, capture)
+        extra = tuple(sharding.split()) if " " in sharding else ()
+        ref = _train(_cfg(sharding, sparse_type, "sparse_dist", device, extra), False, False, steps)
+        got = _train(
+            _cfg(sharding, sparse_type, "graphed" if capture else "base", device, extra),
+            True,
+            capture,
+            steps,
+            ids_all_to_all,
+        )
         assert got[0] == ref[0], (sharding, sparse_type, got[0], ref[0])
         assert sorted(got[1]) == sorted(ref[1])
-        diff = [k for k in ref[1] if not torch.equal(got[1][k], ref[1][k])]
+        diff = [k for k in ref[1] if not _same_state(got[1][k], ref[1][k])]
         assert not diff, (sharding, sparse_type, diff[:4])
         assert {k: sorted(st) for k, st in got[2].items()} == {k: sorted(st) for k, st in ref[2].items()}
         bad = [(k, n) for k in ref[2] for n in ref[2][k] if not _same_state(got[2][k][n], ref[2][k][n])]
@@ -119,7 +142,113 @@ def test_cuda_graph_replays_train_as_torchrec_pipeline_bit_for_bit() -> None:
     assert len(msgs) == 2, msgs
 
 
+# a plan of every sharding type the ids all-to-all takes: table_wise, column_wise, data_parallel tables
+MIXED = (
+    "sharding=table_wise",
+    "+sharding.constraints.t_cat_1.sharding_types=[column_wise]",
+    "+sharding.constraints.t_cat_2.sharding_types=[data_parallel]",
+    "+sharding.constraints.t_cat_3.sharding_types=[column_wise]",
+    "sharding.min_partition=8",
+)
+
+
+def test_capture_path_on_two_ranks_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """2 gloo ranks, each its own ids: the capture path run eagerly (ids all-to-all with fixed splits, dense
+    all-reduce inside the step) against ``pipeline=sparse_dist`` over 11 full batches and a half one; losses,
+    every table shard, dense parameters and optimizer state equal bit for bit. Then one rank's batch of other bag
+    sizes makes both ranks raise."""
+    results = run_gloo(2, _two_rank_checks)
+    for msgs in results:
+        assert len(msgs) == 2 and f"{STEPS_RANKS} losses" in msgs[0] and msgs[1] == "ok", msgs
+
+
+def _two_rank_checks(rank: int, world: int) -> List[str]:
+    """The comparison, then a batch of other bag sizes on one rank only, which both ranks report."""
+    # with the lean output dist and DDP's all-reduce held behind it, as perf=fast has them on several GPUs
+    case = " ".join(MIXED + ("perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true"))
+    return _compare(rank, world, "cpu", False, [(case, "adagrad")], STEPS_RANKS) + [_bag_sizes(rank, world)]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_with_ids_all_to_all_on_one_rank_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """The several-rank path forced on a one-rank NCCL world: the ids all-to-all, output dist and dense
+    all-reduce are NCCL collectives captured in the graph."""
+    (msgs,) = run_gloo(1, _nccl_compare, [("table_wise", "adagrad"), ("table_wise", "rowwise_adagrad")])
+    assert len(msgs) == 2, msgs
+
+
+def _nccl_compare(rank: int, world: int, cases: List[Tuple[str, str]]) -> List[str]:
+    import torch.distributed as dist
+
+    dist.destroy_process_group()  # the runner's gloo group: this check issues NCCL collectives
+    store = tempfile.mkdtemp(prefix="nccl_")
+    dist.init_process_group("nccl", init_method=f"file://{store}/store", rank=0, world_size=1)
+    return _compare(rank, world, "cuda", True, cases, STEPS_RANKS, ids_all_to_all=True)
+
+
+def _static_input_dist(rank: int, world: int, cases: List[Tuple[str, Tuple[str, ...]]]) -> Dict[str, Any]:
+    from torchrec.distributed.types import ShardedModule
+
+    from dlrm.config import ConfigError
+    from dlrm.dist import init_distributed
+    from dlrm.static_input_dist import StaticInputDist
+    from dlrm.trainer import build_training
+
+    torch.set_num_threads(1)
+    info = init_distributed("cpu")
+    out: Dict[str, Any] = {}
+    for label, overrides in cases:
+        built = build_training(_cfg("", "adagrad", "base", "cpu", overrides), info, BATCH)
+        (module,) = [m for m in built.model.modules() if isinstance(m, ShardedModule)]
+        batches = _batches(_cfg("", "adagrad", "base", "cpu", overrides), info.device, 5, rank)[:4]
+        kjt = batches[0].sparse_features
+        try:
+            held = module.input_dist(module.create_context(), kjt).wait().wait()
+            static = StaticInputDist(module, kjt, held)
+        except ConfigError as e:
+            out[label] = f"refused: {e}"
+            continue
+        checks = []
+        for b in batches:  # the held batch, then three more: the same layout, other ids
+            static.run(b.sparse_features.values())
+            checks.append(static.check(module, b.sparse_features))
+        out[label] = {
+            "checks": checks,
+            "ids": sum(p.values().numel() for p in held),
+            "sent": sum(static.send_splits),
+            "received": sum(static.recv_splits),
+        }
+    return out
+
+
+STATIC_CASES = [
+    ("mixed", MIXED),  # table_wise, column_wise, data_parallel
+    ("table_column_wise", ("sharding.sharding_types=[table_column_wise]", "sharding.min_partition=8")),
+    ("row_wise", ("sharding=row_wise",)),
+    ("table_row_wise", ("sharding=table_row_wise",)),
+]
+
+
+def test_static_input_dist_equals_torchrec_input_dist_for_every_sharding_type_2_ranks() -> None:
+    """2 gloo ranks, each its own ids: the ids all-to-all with fixed splits gives TorchRec's input-dist output bit
+    for bit (ids and bag sizes) on the batch it was made from and on three others, for every sharding type that
+    routes ids by feature; the types that route them by row (by value) are refused, naming the reason."""
+    results = run_gloo(2, _static_input_dist, STATIC_CASES)
+    for rank, res in enumerate(results):
+        for label, _ in STATIC_CASES:
+            got = res[label]
+            if label in ("row_wise", "table_row_wise"):
+                assert isinstance(got, str) and "sends each id to the rank holding its row" in got, got
+                continue
+            assert got["checks"] == [(True, "")] * 4, (rank, label, got)
+    # what each rank sends is what the others receive, and each rank's lookups get ids from both ranks
+    for label in ("mixed", "table_column_wise"):
+        assert sum(r[label]["sent"] for r in results) == sum(r[label]["received"] for r in results) > 0
+
+
 def _bag_sizes(rank: int, world: int) -> str:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     from dlrm.dist import init_distributed
     from dlrm.graphed import GraphedTrainPipeline
     from dlrm.model import BatchError
@@ -129,14 +258,13 @@ def _bag_sizes(rank: int, world: int) -> str:
     info = init_distributed("cpu")
     built = build_training(cfg, info, BATCH)
     pipe = GraphedTrainPipeline(built.model, built.optimizer, built.dense, info.device, capture=False)
-    batches = _batches(cfg, info.device)[:5]
-    # the last batch has as many ids, but its first two samples' bags of the first table swap sizes
-    kjt = batches[-1].sparse_features
-    lengths = kjt.lengths().clone()
-    lengths[0], lengths[1] = lengths[0] + 1, lengths[1] - 1
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    batches[-1].sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=lengths)
+    batches = _batches(cfg, info.device, STEPS, rank)[:5]
+    if rank == world - 1:  # on several ranks only the last one's batch: every rank must raise, none wait
+        # the last batch has as many ids, but its first two samples' bags of the first table swap sizes
+        kjt = batches[-1].sparse_features
+        lengths = kjt.lengths().clone()
+        lengths[0], lengths[1] = lengths[0] + 1, lengths[1] - 1
+        batches[-1].sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=lengths)
     it = iter(batches)
     for _ in range(5):
         pipe.progress(it)
@@ -149,7 +277,8 @@ def _bag_sizes(rank: int, world: int) -> str:
     "overrides,world,device,match",
     [
         ([], 1, "cpu", "replays a CUDA graph, but this run is on cpu"),
-        ([], 2, "cuda", "runs on one rank .* but this job has 2"),
+        (["sharding=row_wise"], 2, "cuda", "row_wise tables send each id to the rank that holds its row"),
+        (["perf.allreduce_dtype=bf16"], 2, "cuda", "dense gradients in fp32 .*perf.allreduce_dtype=bf16"),
         (["optimizer.warmup_steps=100"], 1, "cuda", "optimizer.warmup_steps=100 .* set both to 0"),
         (["offload=uvm"], 1, "cuda", "not built for offload=uvm"),
     ],
@@ -161,6 +290,18 @@ def test_what_a_replay_cannot_follow_is_refused(overrides: List[str], world: int
     with pytest.raises(ConfigError, match=match):
         check_graphed(cfg, world, torch.device(device))
     check_graphed(to_config(compose(["pipeline=graphed"])), 1, torch.device("cuda"))  # the default config passes
+    check_graphed(to_config(compose(["pipeline=graphed"])), 8, torch.device("cuda"))  # several ranks too
+
+
+def test_a_plan_with_row_split_tables_is_refused_on_several_ranks() -> None:
+    """The planner's choice, not the preset: a table_row_wise table in the plan of an auto run."""
+    from dlrm.graphed import check_graphed
+
+    cfg = to_config(compose(["pipeline=graphed"]))
+    with pytest.raises(ConfigError, match="table_row_wise tables send each id to the rank that holds its row"):
+        check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "table_row_wise", "column_wise"])
+    check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "column_wise", "data_parallel"])
+    check_graphed(cfg, 1, torch.device("cuda"), ["row_wise"])  # one rank: nothing is sent
 
 
 @pytest.mark.parametrize(
