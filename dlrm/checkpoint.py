@@ -11,10 +11,12 @@ Keys: ``checkpoint.every_n_steps``, ``checkpoint.keep_last``, ``checkpoint.dir``
 Layout of one checkpoint ``<dir>/step_<N>/``:
 
 - DCP files (``.metadata`` plus one ``__<rank>_0.distcp`` per rank) of ``{"model": DMP state_dict,
-  "optim": CombinedOptimizer state}``: embedding tables as ``ShardedTensor`` for every sharding type (replicated
-  ``data_parallel`` tables are written once), the MLPs, the fused TBE optimizer state (Adagrad ``momentum1``)
-  and the dense Adagrad state (``sum``, ``step``). DCP reshards on load, so a checkpoint written by one world
-  size and plan loads into another.
+  "optim": optimizer state}``: embedding tables as ``ShardedTensor`` for every sharding type (replicated
+  ``data_parallel`` tables are written once), the MLPs, every table's Adagrad state as TBE ``momentum1`` (also
+  a ``data_parallel`` table's, whose dense Adagrad ``sum`` it is) and the MLPs' dense Adagrad state (``sum``,
+  ``step``), all under parameter names that do not depend on the world size or plan (:func:`optimizer_state`).
+  DCP reshards on load, so a checkpoint written by one world size and plan loads into another, every entry
+  restored or the load refused (:func:`load_app_state`).
 - ``meta.json`` (rank 0): step, samples seen, world size, global batch, LR scheduler state, the plan, what the
   plan was made from (:func:`planning_inputs`), the resolved config.
 - ``plan.json`` (rank 0): the sharding plan (:func:`dlrm.sharding.save_plan`); a resume with the same world
@@ -1035,8 +1037,8 @@ class Checkpointer:
         Raises:
             ConfigError: the checkpoint was trained on other data settings, global batch or steps per epoch
                 (:func:`check_resume`: the data position would not match).
-            CheckpointError: the checkpoint cannot be read, its ``meta.json`` is damaged, or it holds another
-                model.
+            CheckpointError: the checkpoint cannot be read, its ``meta.json`` is damaged, it holds another
+                model, or optimizer state that does not carry over to this plan (:func:`load_app_state`).
         """
         if path is None:
             return None
