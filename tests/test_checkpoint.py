@@ -333,7 +333,6 @@ def test_reshard_on_load_restores_every_value_and_export(tmp_path: Path) -> None
     table is refused, naming the table. The export loads into the plain model with the same predictions."""
     from dlrm.config import compose, to_config
     from dlrm.data import load_splits, to_batch
-    from dlrm.export import load_model
     from dlrm.export import main as export_main
     from dlrm.model import FEATURE_NAMES
 
@@ -355,7 +354,9 @@ def test_reshard_on_load_restores_every_value_and_export(tmp_path: Path) -> None
         _assert_same_state(got, saved)
     assert isinstance(r24_cw, str) and "t_cat_0's optimizer state does not carry over to this plan" in r24_cw, r24_cw
 
-    # export: a plain state dict for the unsharded model
+    # export: the unsharded model, loaded with one call
+    from dlrm.export import load_model
+
     out = tmp_path / "model.pt"
     assert export_main([a2, str(out)]) == 0
     cfg = to_config(compose(["data.num_train_samples=1024", "data.num_val_samples=128", "data.multi_hot=false"]))
