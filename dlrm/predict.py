@@ -50,7 +50,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     exit status: 0, or 2 after one ``error:`` line on stderr when ``OUT`` cannot or must not be written (checked
     first), ``MODEL`` is not a model file of ``dlrm.export``, the overrides do not compose, the data cannot be
     read, or the split is empty (``data.num_test_samples=0`` / no test file)."""
-    ap = argparse.ArgumentParser(prog="python -m dlrm.predict", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m dlrm.predict",
+        description="Score a split with a model file of python -m dlrm.export; write its label and probability "
+        "per row (TSV). The data is described as for train.py (data.* and seed overrides).",
+    )
     ap.add_argument("model", help="a model file written by python -m dlrm.export")
     ap.add_argument("out", help="the predictions TSV to write (label, probability)")
     ap.add_argument("--split", choices=("test", "val", "train"), default="test", help="split to score (test)")
@@ -58,6 +62,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     ap.add_argument("overrides", nargs="*", help="data.* and seed, as given to train.py for the training")
     args = ap.parse_args(argv)
+    if args.batch_size < 1:
+        print(f"error: --batch-size {args.batch_size}: give a number of rows >= 1", file=sys.stderr)
+        return 2
     why = output_file_problem(args.out, overwrite=args.force)
     if why is not None:
         print(f"error: OUT {args.out!r}: {why}; pass another path (or --force)", file=sys.stderr)
