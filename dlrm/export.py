@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import pickle
 import re
 import sys
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -154,8 +155,9 @@ def load_model(path: str, model_config: Optional[Any] = None) -> torch.nn.Module
 
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError) as e:
-        raise InputError(f"{path}: cannot be read as a model file ({type(e).__name__}: {e})") from e
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+        first = (str(e).strip().splitlines() or [""])[0]  # torch's unpickling errors run to several lines
+        raise InputError(f"{path}: cannot be read as a model file ({type(e).__name__}: {first})") from e
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
         raise InputError(f"{path}: not a model file of `python -m dlrm.export` (format {FORMAT}); export it again")
     was = doc["model_config"]
