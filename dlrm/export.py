@@ -156,8 +156,12 @@ def load_model(path: str, model_config: Optional[Any] = None) -> torch.nn.Module
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
-        first = (str(e).strip().splitlines() or [""])[0]  # torch's unpickling errors run to several lines
-        raise InputError(f"{path}: cannot be read as a model file ({type(e).__name__}: {first})") from e
+        why = (
+            "not a torch.save file"  # torch's own text runs to several lines about weights_only
+            if isinstance(e, pickle.UnpicklingError)
+            else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        )
+        raise InputError(f"{path}: cannot be read as a model file ({why})") from e
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
         raise InputError(f"{path}: not a model file of `python -m dlrm.export` (format {FORMAT}); export it again")
     was = doc["model_config"]
