@@ -11,10 +11,12 @@ Keys: ``checkpoint.every_n_steps``, ``checkpoint.keep_last``, ``checkpoint.dir``
 Layout of one checkpoint ``<dir>/step_<N>/``:
 
 - DCP files (``.metadata`` plus one ``__<rank>_0.distcp`` per rank) of ``{"model": DMP state_dict,
-  "optim": CombinedOptimizer state}``: embedding tables as ``ShardedTensor`` for every sharding type (replicated
-  ``data_parallel`` tables are written once), the MLPs, the fused TBE optimizer state (Adagrad ``momentum1``)
-  and the dense Adagrad state (``sum``, ``step``). DCP reshards on load, so a checkpoint written by one world
-  size and plan loads into another.
+  "optim": optimizer state}``: embedding tables as ``ShardedTensor`` for every sharding type (replicated
+  ``data_parallel`` tables are written once), the MLPs, every table's Adagrad state as TBE ``momentum1`` (also
+  a ``data_parallel`` table's, whose dense Adagrad ``sum`` it is) and the MLPs' dense Adagrad state (``sum``,
+  ``step``), all under parameter names that do not depend on the world size or plan (:func:`optimizer_state`).
+  DCP reshards on load, so a checkpoint written by one world size and plan loads into another, every entry
+  restored or the load refused (:func:`load_app_state`).
 - ``meta.json`` (rank 0): step, samples seen, world size, global batch, LR scheduler state, the plan, what the
   plan was made from (:func:`planning_inputs`), the resolved config.
 - ``plan.json`` (rank 0): the sharding plan (:func:`dlrm.sharding.save_plan`); a resume with the same world
@@ -58,9 +60,11 @@ scheduler), not the trainer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -312,12 +316,73 @@ def unreadable_data(path: str, e: BaseException, fix: str) -> CheckpointError:
 
 # ------------------------------------------------------------------------------------------------ app state
 def app_state(model: torch.nn.Module, optimizer: Any) -> Dict[str, Any]:
-    """What DCP saves and loads in place: ``{"model": model.state_dict(), "optim": optimizer state}``.
+    """What DCP saves and loads in place: ``{"model": model.state_dict(), "optim": optimizer_state(...)}``.
 
     The tensors are the live ones (``ShardedTensor`` views of the TBE weights and momentum for sharded tables),
     so a DCP load writes straight into the model and optimizer.
     """
-    return {"model": model.state_dict(), "optim": optimizer.state_dict()["state"]}
+    sd = model.state_dict()
+    return {"model": sd, "optim": optimizer_state(sd, optimizer)}
+
+
+_TABLE = "embedding_bags."  # in the name of every table's weight (the rule dlrm.sharding.dense_optimizer uses)
+
+
+def _model_key(key: str, names: Any) -> str:
+    """``key`` without the prefix a ``CombinedOptimizer`` puts before a part's parameter names (``dense.``,
+    ``dp_tables.``): the longest tail of ``key`` that is a model state-dict key, else ``key``."""
+    parts = key.split(".")
+    for i in range(len(parts)):
+        tail = ".".join(parts[i:])
+        if tail in names:
+            return tail
+    return key
+
+
+def optimizer_state(model_sd: Dict[str, Any], optimizer: Any) -> Dict[str, Dict[str, Any]]:
+    """The optimizer state as a checkpoint holds it, the same for every world size and plan:
+    ``{parameter FQN: {state name: live tensor}}``.
+
+    - Keys are the model's parameter FQNs (TorchRec ``KeyedOptimizer`` keys without the prefix that a
+      ``CombinedOptimizer`` of named parts adds, which depends on whether the plan has ``data_parallel`` tables).
+    - A table's Adagrad state is ``<table>.momentum1`` in the fused TBE's shape (``adagrad``: ``[rows, dim]``,
+      ``rowwise_adagrad``: ``[rows]``), also for a ``data_parallel`` table, whose dense Adagrad ``sum`` it views
+      (``[rows, dim]``, or ``[rows, 1]`` viewed as ``[rows]``): the values are the same sums of squared
+      gradients, so a table moving between a fused sharding and ``data_parallel`` keeps its state.
+    - A ``data_parallel`` table's Adagrad ``step`` is left out: TBE keeps none, and it equals the MLPs' ``step``
+      (one optimizer steps both every step), which :func:`load_app_state` copies into it.
+
+    Args:
+        model_sd: ``model.state_dict()`` (its keys and shapes decide the names).
+        optimizer: a TorchRec ``KeyedOptimizer`` (``state_dict()["state"]`` keyed by parameter name).
+    """
+    out: Dict[str, Dict[str, Any]] = {}
+    for key, states in optimizer.state_dict()["state"].items():
+        fqn = _model_key(key, model_sd)
+        table = fqn.split(".")[-2] if _TABLE in fqn else None
+        for sname, v in states.items():
+            if table is not None and "." not in sname:  # the dense optimizer's state of a data_parallel table
+                if sname == "step":
+                    continue
+                if sname == "sum":
+                    sname = f"{table}.momentum1"
+                    if fqn in model_sd and isinstance(v, torch.Tensor) and v.shape != model_sd[fqn].shape:
+                        v = v.view(-1)  # torchrec RowWiseAdagrad's [rows, 1]: TBE's row-wise momentum is [rows]
+            out.setdefault(fqn, {})[sname] = v
+    return out
+
+
+def _dp_table_steps(model_sd: Dict[str, Any], optimizer: Any) -> Tuple[List[torch.Tensor], Optional[torch.Tensor]]:
+    """The ``step`` tensors of the data_parallel tables' dense Adagrad, and one MLP parameter's ``step``."""
+    tables, mlp = [], None
+    for key, states in optimizer.state_dict()["state"].items():
+        step = states.get("step")
+        if isinstance(step, torch.Tensor):
+            if _TABLE in _model_key(key, model_sd):
+                tables.append(step)
+            elif mlp is None:
+                mlp = step
+    return tables, mlp
 
 
 def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -336,84 +401,203 @@ def _global_shape(v: Any) -> Optional[Tuple[int, ...]]:
     return tuple(v.size()) if isinstance(v, torch.Tensor) else None
 
 
+# Model config keys that decide the entries of each part of the model, in the order they are named.
+_CONFIG_KEYS_OF = (
+    ("embedding_bags.", ("num_embeddings_per_feature", "row_cap", "embedding_dim")),
+    ("dense_arch.", ("dense_arch_layer_sizes", "dense_buckets", "embedding_dim")),
+    ("inter_arch.", ("interaction", "dcn_num_layers", "dcn_low_rank_dim", "embedding_dim")),
+    ("over_arch.", ("over_arch_layer_sizes", "interaction", "embedding_dim")),
+)
+
+
+def config_key_behind(entry: str, was: Any, now: Any) -> Optional[str]:
+    """The ``model.*`` config key that makes state-dict ``entry`` differ between a checkpoint's model config
+    ``was`` (its ``meta.json`` ``config.model``) and this run's ``now`` (dicts), as ``"model.<key> was X in the
+    checkpoint's config, is Y now"``; None when the configs agree (or either is unknown)."""
+    if not isinstance(was, dict) or not isinstance(now, dict):
+        return None
+    first = [keys for part, keys in _CONFIG_KEYS_OF if part in entry]
+    order = [*(first[0] if first else ()), *now]
+    for key in order:
+        if key in now and was.get(key) != now[key]:
+            old, new = _as_override(was.get(key)), _as_override(now[key])
+            return f"model.{key} was {old} in the checkpoint's config (meta.json), is {new} now"
+    return None
+
+
+def model_mismatch(
+    saved: Dict[str, Tuple[int, ...]], live: Dict[str, Tuple[int, ...]], was: Any = None, now: Any = None
+) -> Optional[str]:
+    """The first difference between a checkpoint's model entries and a model's, as one clause naming the entry
+    and the config key behind it (:func:`config_key_behind`), or None when both have the same keys with the same
+    shapes.
+
+    Args:
+        saved / live: state-dict key -> global shape, of the checkpoint and of the model.
+        was / now: the checkpoint's and the run's model config (dicts), to name the key; None: not named.
+    """
+    for key in sorted(set(saved) | set(live)):
+        if key not in live:
+            why = f"entry {key!r} of the checkpoint has no place in this model"
+        elif key not in saved:
+            why = f"this model's entry {key!r} is not in the checkpoint"
+        elif saved[key] != live[key]:
+            why = f"entry {key!r} has shape {saved[key]} in the checkpoint and {live[key]} in this model"
+        else:
+            continue
+        behind = config_key_behind(key, was, now)
+        return (
+            f"{why}: {behind}; set it back (the checkpoint's meta.json `config.model` holds its model config)"
+            if behind
+            else f"{why}: it was written by another model (compare the checkpoint's meta.json `config.model` with "
+            "this model's config)"
+        )
+    return None
+
+
 @dataclass
 class LoadReport:
-    """What a load restored. ``skipped``: optimizer entries left at their fresh values, with the reason."""
+    """What a load restored: every entry of the model and the optimizers (anything else is an error).
+    ``translated``: entries read from the names of checkpoints written before the layout was world-size
+    independent."""
 
     path: str
     restored: List[str] = field(default_factory=list)
-    skipped: Dict[str, str] = field(default_factory=dict)
+    translated: List[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        """One line for the log: how many entries were restored and, if any were skipped, each with its reason."""
-        if not self.skipped:
-            return f"all {len(self.restored)} model and optimizer entries restored"
-        return (
-            f"{len(self.restored)} entries restored; {len(self.skipped)} optimizer entries NOT restored "
-            "(they start fresh): " + "; ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items()))
-        )
+        """One line for the log: how many entries were restored (and how many were translated)."""
+        extra = f" ({len(self.translated)} from the earlier layout's names)" if self.translated else ""
+        return f"all {len(self.restored)} model and optimizer entries restored{extra}"
+
+
+def _earlier_names(fqn: str, sname: str) -> List[str]:
+    """Where a checkpoint of the earlier layout holds optimizer entry ``fqn``/``sname``: the MLPs' and a
+    data_parallel table's dense Adagrad state under ``CombinedOptimizer`` prefixes, a table's momentum as the
+    dense Adagrad ``sum`` of a data_parallel table."""
+    names = [f"optim.{p}.{fqn}.{sname}" for p in ("dense", "dp_tables")]
+    if sname.endswith(".momentum1"):
+        names += [f"optim.dp_tables.{fqn}.sum", f"optim.{fqn}.sum"]
+    return names
 
 
 def load_app_state(
-    path: str, model: torch.nn.Module, optimizer: Any, process_group: Optional[dist.ProcessGroup] = None
+    path: str,
+    model: torch.nn.Module,
+    optimizer: Any,
+    process_group: Optional[dist.ProcessGroup] = None,
+    model_config: Any = None,
 ) -> LoadReport:
     """Load model and optimizer state from a DCP checkpoint into the live (possibly differently sharded) model.
 
-    Model entries must all be present with the same global shape (a different architecture or table size is an
-    error). Optimizer entries whose name or shape differ from the checkpoint's (a table that moved between a
-    fused sharding and ``data_parallel``, whose state lives in the dense Adagrad, or row-wise Adagrad momentum
-    ``[rows]`` loaded into a ``column_wise`` table whose momentum is ``[rows x column shards]``) keep their fresh
-    values and are listed in the report.
+    Every entry of the checkpoint is consumed and every entry of the model and optimizer restored, with equal
+    global shapes (:func:`optimizer_state` names the optimizer's entries the same for every world size and plan;
+    checkpoints of the earlier, layout-dependent names are translated). The only saved entries not read are a
+    data_parallel table's dense Adagrad ``step`` (the MLPs' ``step`` is copied into it, which is its value).
+
+    Args:
+        model_config: this run's ``ModelConfig`` (a dataclass or dict), compared with the checkpoint's
+            ``meta.json`` ``config.model`` to name the config key behind a model mismatch.
 
     Raises:
-        CheckpointError: a model entry is missing from the checkpoint or has another shape (names the entry); the
-            checkpoint's metadata or data cannot be read.
+        CheckpointError: the model's entries differ from the checkpoint's (names the first and the config key
+            behind it); an optimizer entry is missing or of another shape (e.g. row-wise Adagrad momentum
+            ``[rows]`` of a row_wise table into a column_wise one, ``[rows x column shards]``; names the entry
+            and the table); the checkpoint's metadata or data cannot be read.
     """
     try:
         meta = FileSystemReader(path).read_metadata().state_dict_metadata
     except Exception as e:  # noqa: BLE001 - a damaged .metadata fails in many ways; name the checkpoint
         raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__})") from e
+    shape = {k: tuple(md.size) if isinstance(md, TensorStorageMetadata) else None for k, md in meta.items()}
     target = app_state(model, optimizer)
+    was = None
+    if os.path.isfile(os.path.join(path, META)):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            was = read_meta(path)["config"].get("model")
+    now = dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config) else model_config
+    live_model = {k: _global_shape(v) for k, v in _flatten(target["model"]).items()}
+    saved_model = {k[len("model.") :]: s for k, s in shape.items() if k.startswith("model.")}
+    why = model_mismatch(saved_model, live_model, was, now)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {path}: model {why}")
     report = LoadReport(path)
-    model_flat = _flatten(target["model"], "model.")
-    for key, v in model_flat.items():
-        md = meta.get(key)
-        if md is None:
-            raise CheckpointError(
-                f"checkpoint {path}: model entry {key!r} is missing; it was written by another model "
-                "config (compare its meta.json `config.model` with this run's)"
+    optim: Dict[str, Any] = {}  # saved name (without "optim.") -> the live tensor it loads into
+    problem: Optional[str] = None
+    reshaped: List[Tuple[torch.Tensor, Any]] = []  # (whole tensor read, ShardedTensor it goes into)
+    for fqn, sname, v in ((f, n, t) for f, states in target["optim"].items() for n, t in states.items()):
+        key = f"optim.{fqn}.{sname}"
+        src = key if key in meta else next((n for n in _earlier_names(fqn, sname) if n in meta), None)
+        live = _global_shape(v)
+        if src is None:
+            problem = (
+                f"optimizer entry {key!r} is not in it (its optimizer was another one); resume with the "
+                "optimizer.* settings of its meta.json, or start fresh in a new checkpoint.dir"
             )
-        if isinstance(md, TensorStorageMetadata) and _global_shape(v) != tuple(md.size):
-            raise CheckpointError(
-                f"checkpoint {path}: model entry {key!r} has shape {tuple(md.size)} there and "
-                f"{_global_shape(v)} here; use the model config the checkpoint was written with"
-            )
-    optim_keep: Dict[str, Dict[str, Any]] = {}
-    for pkey, states in target["optim"].items():
-        for sname, v in states.items():
-            key = f"optim.{pkey}.{sname}"
-            md = meta.get(key)
-            if md is None:
-                report.skipped[key] = "not in the checkpoint (saved under another layout: fused vs data_parallel)"
-            elif isinstance(md, TensorStorageMetadata) and _global_shape(v) != tuple(md.size):
-                report.skipped[key] = (
-                    f"shape {tuple(md.size)} in the checkpoint vs {_global_shape(v)} here "
-                    "(e.g. row-wise Adagrad momentum into column_wise)"
-                )
+            break
+        if shape[src] != live:
+            # earlier layout: a data_parallel table's torchrec RowWiseAdagrad `sum` [rows, 1] for TBE's [rows]
+            if isinstance(v, torch.Tensor) and math.prod(live or ()) == math.prod(shape[src] or ()):
+                if type(v) is torch.Tensor:  # plain: a view loads in place
+                    v = v.view(shape[src])
+                else:  # sharded: read whole, then copied into this rank's shards
+                    whole = torch.empty(shape[src], dtype=v.dtype)
+                    reshaped.append((whole, v))
+                    v = whole
             else:
-                optim_keep.setdefault(pkey, {})[sname] = v
-    state = {"model": target["model"], "optim": optim_keep}
+                table = fqn.split(".")[-2] if _TABLE in fqn else fqn
+                problem = (
+                    f"optimizer entry {key!r} has shape {shape[src]} there and {live} here: {table}'s optimizer "
+                    "state does not carry over to this plan (row-wise Adagrad keeps one value per row of each "
+                    "column shard); resume with the sharding plan it was saved with (its plan.json), or one that "
+                    f"gives {table} a sharding type with its number of column shards"
+                )
+                break
+        if src != key:
+            report.translated.append(key)
+        optim[src[len("optim.") :]] = v
+    # a rank holds optimizer state only for the tables it has shards of: every rank judges the union
+    parts: List[Any] = [(problem, sorted(optim), report.translated)]
+    if dist.is_initialized() and dist.get_world_size(process_group) > 1:
+        parts = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(parts, (problem, sorted(optim), report.translated), group=process_group)
+    problem = next((p for p, _, _ in parts if p is not None), None)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path}: {problem}")
+    read = {k for _, names, _ in parts for k in names}
+    report.translated = sorted({k for _, _, translated in parts for k in translated})
+    left = sorted(
+        k
+        for k in shape
+        if k.startswith("optim.")
+        and k[len("optim.") :] not in read
+        and not (k.endswith(".step") and _TABLE in k)  # a data_parallel table's step: the MLPs' (see above)
+    )
+    if left:
+        raise CheckpointError(
+            f"checkpoint {path}: its optimizer entry {left[0]!r} has no place in this run's optimizer (it was "
+            "written with other optimizer.* settings); resume with the settings of its meta.json, or start "
+            "fresh in a new checkpoint.dir"
+        )
+    state = {"model": target["model"], "optim": optim}
     try:
         dcp.load(state, checkpoint_id=path, process_group=process_group)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a .distcp damaged after verification
         raise unreadable_data(path, e, "give another checkpoint.resume (auto takes the newest intact one)") from e
-    report.restored = sorted(_flatten(state))
-    if dist.is_initialized() and dist.get_world_size(process_group) > 1:
-        # a rank holds optimizer state only for the tables it has shards of: report the union
-        parts: List[Any] = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(parts, (report.restored, report.skipped), group=process_group)
-        report.restored = sorted({k for restored, _ in parts for k in restored})
-        report.skipped = {k: v for _, skipped in parts for k, v in skipped.items()}
+    for whole, sharded in reshaped:
+        flat = whole.reshape(tuple(sharded.size()))
+        for shard in sharded.local_shards():
+            md = shard.metadata
+            shard.tensor.copy_(flat[tuple(slice(o, o + n) for o, n in zip(md.shard_offsets, md.shard_sizes))])
+    steps, mlp_step = _dp_table_steps(target["model"], optimizer)
+    if mlp_step is not None:
+        for s in steps:
+            s.copy_(mlp_step)
+    report.restored = sorted(_flatten(target, ""))
+    if len(parts) > 1:
+        names: List[Any] = [None] * len(parts)
+        dist.all_gather_object(names, report.restored, group=process_group)
+        report.restored = sorted({k for restored in names for k in restored})
     return report
 
 
@@ -873,8 +1057,8 @@ class Checkpointer:
         Raises:
             ConfigError: the checkpoint was trained on other data settings, global batch or steps per epoch
                 (:func:`check_resume`: the data position would not match).
-            CheckpointError: the checkpoint cannot be read, its ``meta.json`` is damaged, or it holds another
-                model.
+            CheckpointError: the checkpoint cannot be read, its ``meta.json`` is damaged, it holds another
+                model, or optimizer state that does not carry over to this plan (:func:`load_app_state`).
         """
         if path is None:
             return None
@@ -884,7 +1068,7 @@ class Checkpointer:
         except (OSError, ValueError) as e:
             raise CheckpointError(f"checkpoint {path}: {META} is unreadable ({type(e).__name__}: {e})") from e
         check_resume(path, meta, self.run)
-        report = load_app_state(path, self.model, self.optimizer, self.pg)
+        report = load_app_state(path, self.model, self.optimizer, self.pg, self.run.config.model)
         load_scheduler_state(self.scheduler, meta["scheduler"])
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
@@ -904,7 +1088,7 @@ class Checkpointer:
                 meta["world_size"],
                 self.info.world_size,
             )
-        (log.warning if report.skipped else log.info)("checkpoint load: %s", report.summary())
+        log.info("checkpoint load: %s", report.summary())
         log.info(
             "resumed from %s at step %d (%d samples seen), %.1fs",
             path,

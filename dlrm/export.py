@@ -1,41 +1,49 @@
-"""Export a sharded checkpoint as one unsharded state dict for inference (no process group needed)::
+"""Export a sharded checkpoint as one unsharded model file for inference (no process group needed)::
 
     python -m dlrm.export runs/a/checkpoints/step_200 model.pt    # a step_<N> directory
     python -m dlrm.export runs/a/checkpoints model.pt             # or the newest complete one under a directory
     python -m dlrm.export runs/a/checkpoints model.pt --force     # replace an existing model.pt
 
-``model.pt`` is ``torch.save`` of a plain ``{name: tensor}`` dict with the keys of the unsharded
-``DLRMTrain`` that ``dlrm.model.build_model`` returns; load it with::
+``model.pt`` is ``torch.save`` of ``{"format": "dlrm-export/1", "model_config": {...}, "state_dict": {...}}``:
+the model config the checkpoint was trained with (its ``meta.json`` ``config.model``) and the tensors of the
+unsharded ``DLRMTrain`` that ``dlrm.model.build_model`` returns for it. One call loads it into a ready model::
 
-    model = build_model(cfg.model, table_device=torch.device("cpu"))
-    model.load_state_dict(torch.load("model.pt"))
+    from dlrm.export import load_model
+    model = load_model("model.pt")     # DLRMTrain on the CPU, eval mode; score with python -m dlrm.predict
 
-The model config the checkpoint was trained with is in ``<checkpoint>/meta.json`` (``config.model``).
-Every table is gathered whole into host memory, so the host needs the model's full size in RAM.
+The export refuses a checkpoint whose tensors are not those of the model its config describes, naming the first
+entry that differs. Every table is gathered whole into host memory, so the host needs the model's full size in RAM.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
+import pickle
 import re
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint import (
     CheckpointError,
     latest_checkpoint,
+    model_mismatch,
+    read_meta,
     resolve_checkpoint,
     unreadable_data,
     verify_checkpoint,
 )
-from dlrm.config import output_file_problem
+from dlrm.config import InputError, ModelConfig, output_file_problem
+
+FORMAT = "dlrm-export/1"
 
 
 def _checkpoint_dir(path: str) -> str:
@@ -72,16 +80,104 @@ def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
     return {k[len(prefix) :]: v for k, v in sd.items()}
 
 
-def export(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:
-    """Write the model part of ``checkpoint`` unsharded to ``out``; returns the state dict.
+def _model_config(d: Any, where: str) -> ModelConfig:
+    """``ModelConfig`` from the dict ``d`` (a ``meta.json`` ``config.model``), its ``__post_init__`` checks run.
 
     Raises:
-        FileNotFoundError / CheckpointError: as :func:`full_state_dict`.
+        CheckpointError: ``d`` is not a model config (names ``where``).
+    """
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), d))  # type: ignore[return-value]
+    except Exception as e:  # noqa: BLE001 - OmegaConf's and __post_init__'s errors: a damaged or foreign config
+        raise CheckpointError(f"{where}: `config.model` is not a model config ({type(e).__name__}: {e})") from e
+
+
+def _shapes(sd: Dict[str, torch.Tensor]) -> Dict[str, Tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in sd.items()}
+
+
+def model_for(path: str, sd: Dict[str, torch.Tensor]) -> Optional[Dict[str, Any]]:
+    """The model config of checkpoint ``path`` (its ``meta.json`` ``config.model``), checked against ``sd``, the
+    checkpoint's model tensors: the model it describes has exactly these keys with these shapes. None for a bare
+    DCP checkpoint (no ``meta.json``: :func:`load_model` then needs the model config).
+
+    Raises:
+        CheckpointError: ``meta.json`` is missing, unreadable or holds no model config; or the tensors differ from
+            that model (names the first entry that differs).
+    """
+    from dlrm.model import build_model
+
+    if not os.path.isfile(os.path.join(path, "meta.json")):
+        return None
+    try:
+        d = read_meta(path)["config"]["model"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"checkpoint {path}: meta.json holds no `config.model` ({type(e).__name__}: {e}); the export needs "
+            "the model config the checkpoint was trained with"
+        ) from e
+    model = build_model(_model_config(d, f"checkpoint {path}: meta.json"), dense_device=torch.device("meta"))
+    why = model_mismatch(_shapes(sd), _shapes(model.state_dict()))
+    if why is not None:
+        raise CheckpointError(f"checkpoint {path}: model {why}")
+    return OmegaConf.to_container(OmegaConf.structured(_model_config(d, path)))  # type: ignore[return-value]
+
+
+def export(checkpoint: str, out: str) -> Dict[str, Any]:
+    """Write the model of ``checkpoint`` unsharded to ``out`` (the format of the module docstring); returns what
+    was written.
+
+    Raises:
+        FileNotFoundError / CheckpointError: as :func:`full_state_dict` and :func:`model_for`.
         OSError / RuntimeError: ``out`` cannot be written (``torch.save``: a missing directory is a RuntimeError).
     """
-    sd = full_state_dict(checkpoint, "model.")
-    torch.save(sd, out)
-    return sd
+    path = _checkpoint_dir(checkpoint)
+    sd = full_state_dict(path, "model.")
+    doc = {"format": FORMAT, "model_config": model_for(path, sd), "state_dict": sd}
+    torch.save(doc, out)
+    return doc
+
+
+def load_model(path: str, model_config: Optional[Any] = None) -> torch.nn.Module:
+    """The model of an exported file ``path`` (:func:`export`), ready to score: ``DLRMTrain`` on the CPU in eval
+    mode, float32, its ``ModelConfig`` as ``model.model_config``. ``model(batch)`` returns ``(loss, (loss, logits,
+    labels))``, logits float32 ``[batch]``; ``torch.sigmoid(logits)`` is the click probability.
+
+    Args:
+        path: the ``.pt`` file ``python -m dlrm.export`` wrote.
+        model_config: a ``ModelConfig`` (or dict) the file must match; None: the file's own.
+
+    Raises:
+        InputError: ``path`` is not a file of this format (names it).
+        CheckpointError: its tensors differ from ``model_config`` (names the first entry and the config key).
+    """
+    from dlrm.model import build_model
+
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+        why = (
+            "not a torch.save file"  # torch's own text runs to several lines about weights_only
+            if isinstance(e, pickle.UnpicklingError)
+            else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        )
+        raise InputError(f"{path}: cannot be read as a model file ({why})") from e
+    if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
+        raise InputError(f"{path}: not a model file of `python -m dlrm.export` (format {FORMAT}); export it again")
+    was = doc["model_config"]
+    now = model_config if model_config is not None else was
+    if now is None:
+        raise InputError(f"{path}: exported from a checkpoint without meta.json; pass its model_config")
+    if dataclasses.is_dataclass(now):
+        now = OmegaConf.to_container(OmegaConf.structured(now))
+    cfg = _model_config(now, path)
+    model = build_model(cfg, dense_device=torch.device("cpu"), table_device=torch.device("cpu"))
+    why = model_mismatch(_shapes(doc["state_dict"]), _shapes(model.state_dict()), was, now)
+    if why is not None:
+        raise CheckpointError(f"{path}: model {why}")
+    model.load_state_dict(doc["state_dict"])
+    model.model_config = cfg  # what dlrm.predict reads the data for (table sizes, multi-hot)
+    return model.eval()
 
 
 def _run_checkpoints(path: str) -> Optional[str]:
@@ -133,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fails (a partial file it created is removed)."""
     ap = argparse.ArgumentParser(prog="python -m dlrm.export", description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint", help="a step_<N> checkpoint directory, or a directory holding some")
-    ap.add_argument("out", help="output .pt file (a plain state dict)")
+    ap.add_argument("out", help="output .pt file (model config and state dict: load it with dlrm.export.load_model)")
     ap.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     args = ap.parse_args(argv)
     line = _out_problem(args.out, args.force)
@@ -143,6 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         path = _checkpoint_dir(args.checkpoint)
         sd = full_state_dict(path, "model.")
+        doc = {"format": FORMAT, "model_config": model_for(path, sd), "state_dict": sd}
     except FileNotFoundError as e:
         found = _run_checkpoints(args.checkpoint) if os.path.isdir(args.checkpoint) else None
         fix = f"; it is a run directory: give its checkpoint directory {found!r} (or a step_<N> in it)" if found else ""
@@ -153,7 +250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     existed = os.path.exists(args.out)
     try:
-        torch.save(sd, args.out)
+        torch.save(doc, args.out)
     except (OSError, RuntimeError) as e:  # torch.save reports most write failures as a RuntimeError
         if not existed and os.path.isfile(args.out):
             with contextlib.suppress(OSError):

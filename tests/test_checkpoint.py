@@ -168,27 +168,35 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------- reshard on load
 # Plans by name: per table index, a sharding type.
 def _plan_types(name: str) -> Dict[int, str]:
-    if name == "mixed":  # the saving world: row_wise, table_wise, column_wise and data_parallel tables
+    if name == "mixed":  # row_wise, table_wise, column_wise and data_parallel tables
         return {
             t: ("row_wise" if t < 8 else "table_wise" if t < 16 else "column_wise" if t < 21 else "data_parallel")
             for t in range(26)
         }
     if name == "table_wise":
         return {t: "table_wise" for t in range(26)}
-    if name == "column_wise_head":  # the row-wise tables 0-7 become column_wise (the known exception)
+    if name == "spread":  # from table_wise: to row_wise and data_parallel (whose state is the dense Adagrad's)
+        return {t: ("data_parallel" if t < 8 else "row_wise" if t < 16 else "table_wise") for t in range(26)}
+    if name == "reshuffled":  # from "mixed": row_wise -> data_parallel -> table_wise -> row_wise
+        return {
+            t: ("data_parallel" if t < 8 else "row_wise" if t < 16 else "column_wise" if t < 21 else "table_wise")
+            for t in range(26)
+        }
+    if name == "column_wise_head":  # the row-wise tables 0-7 become column_wise: their momentum cannot carry over
         return {t: ("column_wise" if t < 8 else "table_wise") for t in range(26)}
     raise KeyError(name)
 
 
 def _build(plan_name: str, cfg):
+    """The trainer's model, DMP under a plan of sharding types by name, fused and dense optimizers."""
     import torch.distributed as dist
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.keyed import CombinedOptimizer
 
     from dlrm.dist import init_distributed
     from dlrm.model import build_model
-    from dlrm.sharding import EmbeddingBagSharder, dense_params, fuse_embedding_optimizer, topology
+    from dlrm.sharding import EmbeddingBagSharder, dense_optimizer, fuse_embedding_optimizer, topology
 
     info = init_distributed("cpu")
     torch.manual_seed(1)
@@ -205,16 +213,46 @@ def _build(plan_name: str, cfg):
     dmp = DistributedModelParallel(
         module=model, device=torch.device("cpu"), plan=plan, sharders=[EmbeddingBagSharder()]
     )
-    dense = KeyedOptimizerWrapper(dense_params(dmp), lambda ps: torch.optim.Adagrad(ps, lr=0.05, eps=1e-8))
-    return info, dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
+    return info, dmp, CombinedOptimizer([dmp.fused_optimizer, dense_optimizer(dmp, cfg.optimizer)])
 
 
-def _reshard_worker(rank: int, world: int, plan_name: str, load: str, save: str) -> dict:
+def _gathered(dmp, opt) -> Dict[str, torch.Tensor]:
+    """Every model and optimizer value as a checkpoint names it, whole (the shards of all ranks assembled)."""
+    import torch.distributed as dist
+
+    from dlrm.checkpoint import app_state
+
+    flat = _flatten_state(app_state(dmp, opt))
+    mine = (_local_pieces(app_state(dmp, opt)), {k: (tuple(v.size()), v.dtype) for k, v in flat.items()})
+    parts: List[tuple] = [()] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)  # a rank holds optimizer state only for the tables it has shards of
+    out = {}
+    for k, (size, dtype) in sorted({k: m for _, meta in parts for k, m in meta.items()}.items()):
+        full = torch.full(size, float("nan"), dtype=dtype)
+        for pieces, _ in parts:
+            for off, t in pieces.get(k, []):
+                full[tuple(slice(o, o + n) for o, n in zip(off, t.shape))] = t
+        out[k] = full
+    return out
+
+
+def _flatten_state(state: dict) -> dict:
+    from dlrm.checkpoint import _flatten
+
+    return _flatten(state)
+
+
+def _reshard_worker(rank: int, world: int, ops: List[tuple]) -> List[object]:
+    """Run ``ops`` in order, each on a fresh build: ``("train_save", plan, new, old)`` trains 4 steps and saves
+    the checkpoint ``new`` (this code's layout) and ``old`` (the earlier layout: the ``CombinedOptimizer`` state
+    as is); ``("load", plan, path)`` loads ``path``. Each returns :func:`_gathered` plus the data_parallel
+    tables' and the first MLP parameter's Adagrad ``step``, and the validation logits; a load that fails
+    returns its error text."""
     import torch.distributed.checkpoint as dcp
     from torchrec.distributed.train_pipeline import TrainPipelineBase
 
     from dlrm import data as data_mod
-    from dlrm.checkpoint import app_state, load_app_state
+    from dlrm.checkpoint import CheckpointError, app_state, load_app_state
     from dlrm.config import compose, to_config
     from dlrm.model import FEATURE_NAMES
 
@@ -229,83 +267,104 @@ def _reshard_worker(rank: int, world: int, plan_name: str, load: str, save: str)
             ]
         )
     )
-    info, dmp, opt = _build(plan_name, cfg)
     train, val, _ = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
-    out: dict = {"plan": {n: ps.sharding_type for mp in dmp.plan.plan.values() for n, ps in mp.items()}}
-    if load:
-        out["skipped"] = sorted(load_app_state(load, dmp, opt).skipped)
-    else:  # train 4 steps so that weights and Adagrad state are non-trivial
-        pipe = TrainPipelineBase(dmp, opt, torch.device("cpu"))
-        it = data_mod.train_batches(
-            train,
-            global_batch=128,
-            rank=rank,
-            world_size=world,
-            epochs=1,
-            max_steps=4,
-            feature_names=FEATURE_NAMES,
-            multi_hot=None,
-            shuffle=False,
-            seed=0,
+    results: List[object] = []
+    for op, plan_name, *paths in ops:
+        _, dmp, opt = _build(plan_name, cfg)
+        if op == "load":
+            try:
+                load_app_state(paths[0], dmp, opt)
+            except CheckpointError as e:
+                results.append(str(e))
+                continue
+        else:  # train 4 steps so that weights and Adagrad state are non-trivial
+            pipe = TrainPipelineBase(dmp, opt, torch.device("cpu"))
+            it = data_mod.train_batches(
+                train,
+                global_batch=128,
+                rank=rank,
+                world_size=world,
+                epochs=1,
+                max_steps=4,
+                feature_names=FEATURE_NAMES,
+                multi_hot=None,
+                shuffle=False,
+                seed=0,
+            )
+            for _ in range(4):
+                pipe.progress(it)
+            dcp.save(app_state(dmp, opt), checkpoint_id=paths[0])
+            dcp.save({"model": dmp.state_dict(), "optim": opt.state_dict()["state"]}, checkpoint_id=paths[1])
+        types = {n: ps.sharding_type for mp in dmp.plan.plan.values() for n, ps in mp.items()}
+        named = [(k, v["step"]) for k, v in opt.state_dict()["state"].items() if "step" in v]
+        steps = [s for k, s in named if "embedding_bags" in k]  # data_parallel tables' dense Adagrad
+        mlp_step = next(s for k, s in named if "embedding_bags" not in k)
+        dmp.eval()
+        batch = data_mod.to_batch(val, torch.arange(128), FEATURE_NAMES, None)  # the same rows on every rank
+        with torch.no_grad():
+            logits = dmp(batch)[1][1].clone()
+        results.append(
+            {
+                "types": types,
+                "state": _gathered(dmp, opt),
+                "steps": [float(s) for s in steps],
+                "mlp_step": float(mlp_step),
+                "logits": logits,
+            }
         )
-        for _ in range(4):
-            pipe.progress(it)
-    dcp.save(app_state(dmp, opt), checkpoint_id=save)
-    dmp.eval()
-    batch = data_mod.to_batch(val, torch.arange(128), FEATURE_NAMES, None)  # the same rows on every rank
-    with torch.no_grad():
-        out["logits"] = dmp(batch)[1][1].clone()
-    return out
+    return results
 
 
-def test_reshard_on_load_and_export(tmp_path: Path) -> None:
-    """Saved by 2 ranks (row_wise + table_wise + column_wise + data_parallel tables, row-wise Adagrad), loaded
-    into 1 rank all table_wise and into 4 ranks with the row-wise tables column_wise: predictions within 1e-5;
-    model and every optimizer entry whose layout allows it restored bitwise; the others reported. The export
-    loads into the plain unsharded model with the same predictions."""
+def _assert_same_state(got: dict, saved: dict) -> None:
+    assert isinstance(got, dict), got  # else the load's error
+    assert sorted(got["state"]) == sorted(saved["state"])
+    diff = [k for k, v in saved["state"].items() if not torch.equal(got["state"][k], v)]
+    assert not diff, f"differ bitwise: {diff[:5]}"
+    assert torch.equal(got["logits"], saved["logits"]) or torch.allclose(got["logits"], saved["logits"], atol=1e-5)
+    assert all(s == got["mlp_step"] == 4.0 for s in got["steps"])  # a data_parallel table's step: the MLPs'
+
+
+def test_reshard_on_load_restores_every_value_and_export(tmp_path: Path) -> None:
+    """Saved by 1 rank (all table_wise) and by 2 ranks (row_wise, table_wise, column_wise and data_parallel
+    tables), row-wise Adagrad: loaded 2 -> 1, 1 -> 4 and 2 -> 4 ranks under other plans (tables moving
+    between fused shardings and data_parallel, whose state is the dense Adagrad's), every model and optimizer
+    value gathered whole equals the saved one bitwise, from this layout and from the earlier one (the
+    optimizer's own names, which differ between 1 and several ranks). Row-wise momentum into a column_wise
+    table is refused, naming the table. The export loads into the plain model with the same predictions."""
     from dlrm.config import compose, to_config
     from dlrm.data import load_splits, to_batch
-    from dlrm.export import full_state_dict
     from dlrm.export import main as export_main
-    from dlrm.model import FEATURE_NAMES, build_model
+    from dlrm.model import FEATURE_NAMES
 
-    a, b, c = (str(tmp_path / x) for x in "abc")
-    (ra, _) = run_gloo(2, _reshard_worker, "mixed", "", a)
-    assert set(ra["plan"].values()) == {"row_wise", "table_wise", "column_wise", "data_parallel"}, ra["plan"]
-    (rb,) = run_gloo(1, _reshard_worker, "table_wise", a, b)
-    rc = run_gloo(4, _reshard_worker, "column_wise_head", a, c)[0]
-    for r in (rb, rc):
-        assert torch.allclose(r["logits"], ra["logits"], atol=1e-5, rtol=0), (r["logits"] - ra["logits"]).abs().max()
-    sa, sb, sc = full_state_dict(a), full_state_dict(b), full_state_dict(c)
-    for sx, rx in ((sb, rb), (sc, rc)):
-        for k, v in sx.items():
-            if k.startswith("model.") or k in sa and sa[k].shape == v.shape:
-                assert torch.equal(v, sa[k]), k
-        assert all(k.startswith("optim.") for k in rx["skipped"])
-        not_in_a = sorted(k for k in sx if k not in sa or sa[k].shape != sx[k].shape)
-        assert not_in_a == rx["skipped"]
+    a1, o1, a2, o2 = (str(tmp_path / x) for x in ("a1", "o1", "a2", "o2"))
+    (s2,) = run_gloo(2, _reshard_worker, [("train_save", "mixed", a2, o2)])[0]
+    assert set(s2["types"].values()) == {"row_wise", "table_wise", "column_wise", "data_parallel"}, s2["types"]
+    r21, r21_old, s1 = run_gloo(
+        1,
+        _reshard_worker,
+        [("load", "reshuffled", a2), ("load", "reshuffled", o2), ("train_save", "table_wise", a1, o1)],
+    )[0]
+    r14, r14_old, r24, r24_cw = run_gloo(
+        4,
+        _reshard_worker,
+        [("load", "spread", a1), ("load", "spread", o1), ("load", "reshuffled", a2), ("load", "column_wise_head", a2)],
+    )[0]
+    assert r14["types"]["t_cat_0"] == "data_parallel" and r24["types"]["t_cat_21"] == "table_wise", r24["types"]
+    for got, saved in ((r21, s2), (r21_old, s2), (r14, s1), (r14_old, s1), (r24, s2)):
+        _assert_same_state(got, saved)
+    assert isinstance(r24_cw, str) and "t_cat_0's optimizer state does not carry over to this plan" in r24_cw, r24_cw
 
-    def tables(skipped: List[str]) -> List[int]:
-        return sorted({int(k.split(".")[-2].split("_")[-1]) for k in skipped})
+    # export: the unsharded model, loaded with one call
+    from dlrm.export import load_model
 
-    # 1 rank, all table_wise: the data_parallel tables' state was dense Adagrad ("sum"), now TBE momentum; the
-    # column-wise tables' row-wise momentum was [rows x 2 column shards], now [rows]
-    assert tables(rb["skipped"]) == list(range(16, 26)), rb["skipped"]
-    # 4 ranks: also row-wise momentum [rows] cannot go into column_wise [rows x column shards]
-    assert tables(rc["skipped"]) == list(range(8)) + list(range(16, 26)), rc["skipped"]
-    assert rc["plan"]["t_cat_0"] == "column_wise"
-
-    # export: a plain state dict for the unsharded model
     out = tmp_path / "model.pt"
-    assert export_main([a, str(out)]) == 0
+    assert export_main([a2, str(out)]) == 0
     cfg = to_config(compose(["data.num_train_samples=1024", "data.num_val_samples=128", "data.multi_hot=false"]))
-    plain = build_model(cfg.model, table_device=torch.device("cpu"))
-    plain.load_state_dict(torch.load(out))
-    plain.eval()
+    plain = load_model(str(out), cfg.model)  # a bare DCP checkpoint (no meta.json): the model config is given
     _, val, _ = load_splits(cfg.data, cfg.model, cfg.seed)
     with torch.no_grad():
         logits = plain(to_batch(val, torch.arange(128), FEATURE_NAMES, None))[1][1]
-    assert torch.allclose(logits, ra["logits"], atol=1e-5, rtol=0), (logits - ra["logits"]).abs().max()
+    assert torch.allclose(logits, s2["logits"], atol=1e-5, rtol=0), (logits - s2["logits"]).abs().max()
     assert export_main([str(tmp_path / "nothing"), str(out)]) == 2
 
 
@@ -534,9 +593,14 @@ def test_unreadable_checkpoint_data_names_the_checkpoint_and_the_cause(
         for k, m in md.items()
         if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
     }
+    optim: Dict[str, dict] = {}  # {parameter: {state name: tensor}} for every optimizer entry of the checkpoint
+    for k, m in md.items():
+        if k.startswith("optim.") and isinstance(m, TensorStorageMetadata):
+            fqn = max((f for f in model if k.startswith(f"optim.{f}.")), key=len)
+            optim.setdefault(fqn, {})[k[len(f"optim.{fqn}.") :]] = torch.empty(tuple(m.size), dtype=m.properties.dtype)
     cause = r"\(RuntimeError: PytorchStreamReader failed reading zip archive: [^\n]*\)"
     with pytest.raises(CheckpointError) as e:
-        load_app_state(str(ck), _StateOnly(model), _StateOnly({"state": {}}))
+        load_app_state(str(ck), _StateOnly(model), _StateOnly({"state": optim}))
     fix = "give another checkpoint.resume (auto takes the newest intact one)"
     assert re.fullmatch(
         rf"checkpoint {re.escape(str(ck))}: its data cannot be read {cause}; {re.escape(fix)}", str(e.value)
@@ -597,7 +661,7 @@ def test_export_refuses_an_existing_or_unwritable_out_before_loading(
             )
     assert out.read_bytes() == b"keep"
     assert export_main([ck, str(out), "--force"]) == 0
-    assert sorted(torch.load(out)) == sorted(dlrm.export.full_state_dict(ck, "model."))
+    assert sorted(torch.load(out)["state_dict"]) == sorted(dlrm.export.full_state_dict(ck, "model."))
 
 
 @pytest.mark.parametrize(
@@ -801,6 +865,76 @@ def test_resume_refuses_another_table_optimizer(two_checkpoints: Path) -> None:
         f"has {other}; the tables' optimizer state would start fresh: set optimizer.sparse_type={was}, or "
         "checkpoint.resume=none in a new checkpoint.dir"
     )
+
+
+def test_resume_into_another_model_is_refused_naming_entry_and_config_key(
+    two_checkpoints: Path, tmp_path: Path
+) -> None:
+    """A checkpoint of a 3-layer DCN does not load into a 2-layer one (its third layer would be dropped): one
+    ``error:`` line naming the first entry that differs and the config key behind it, exit 2."""
+    ck = two_checkpoints / "checkpoints" / "step_8"
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            *SMALL,
+            "trainer.max_steps=10",
+            "model.dcn_num_layers=2",
+            f"checkpoint.resume={ck}",
+        ]
+    )
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: checkpoint {ck}: model entry 'model.inter_arch.crossnet.V_kernels.2' of the checkpoint has no "
+        "place in this model: model.dcn_num_layers was 3 in the checkpoint's config (meta.json), is 2 now; set it "
+        "back (the checkpoint's meta.json `config.model` holds its model config)"
+    ], p.stderr[-3000:]
+
+
+def test_export_and_load_model_refuse_another_model(
+    two_checkpoints: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The export's model file loads with one call into the model it was trained as; a checkpoint whose tensors
+    are not those of its own config, or a load into another model config, is refused naming the first entry."""
+    import json
+    import shutil
+
+    from dlrm.checkpoint import MANIFEST, CheckpointError, file_entry
+    from dlrm.config import ModelConfig
+    from dlrm.export import load_model
+    from dlrm.export import main as export_main
+
+    ck = two_checkpoints / "checkpoints" / "step_8"
+    out = tmp_path / "m.pt"
+    assert export_main([str(ck), str(out)]) == 0
+    model = load_model(str(out))
+    assert len(model.model.inter_arch.crossnet.V_kernels) == 3 and not model.training
+    with pytest.raises(CheckpointError) as e:
+        load_model(str(out), ModelConfig(dcn_num_layers=2))
+    assert str(e.value) == (
+        f"{out}: model entry 'model.inter_arch.crossnet.V_kernels.2' of the checkpoint has no place in this model: "
+        "model.dcn_num_layers was 3 in the checkpoint's config (meta.json), is 2 now; set it back (the "
+        "checkpoint's meta.json `config.model` holds its model config)"
+    )
+    # a checkpoint whose meta.json describes another model than its tensors (manifest updated: not damage)
+    other = tmp_path / "step_8"
+    shutil.copytree(ck, other)
+    meta = json.loads((other / "meta.json").read_text())
+    meta["config"]["model"]["dcn_num_layers"] = 2
+    (other / "meta.json").write_text(json.dumps(meta))
+    manifest = json.loads((other / MANIFEST).read_text())
+    manifest["files"]["meta.json"] = file_entry(str(other / "meta.json"))
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert export_main([str(other), str(tmp_path / "o.pt")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: checkpoint {other}: model entry 'model.inter_arch.crossnet.V_kernels.2' of the checkpoint has no "
+        "place in this model: it was written by another model (compare the checkpoint's meta.json `config.model` "
+        "with this model's config)\n"
+    )
+    assert not (tmp_path / "o.pt").exists()
 
 
 @pytest.mark.parametrize("key", ["global_batch", "scheduler", "step", "samples", "world_size", "config"])
