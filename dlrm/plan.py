@@ -41,6 +41,7 @@ from dlrm.config import (
     compose,
     error_line,
     output_file_problem,
+    per_rank_batch,
     to_config,
     unknown_key_error,
 )
@@ -186,10 +187,7 @@ def _plan_job(
         device = torch.device("cpu")
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    gb = cfg.data.global_batch_size
-    if gb is not None and gb % world_size:
-        raise ConfigError(f"config key `data.global_batch_size`: {gb} does not divide over {world_size} ranks")
-    batch = gb // world_size if gb else cfg.data.batch_size
+    batch = per_rank_batch(cfg.data, world_size)
     model = build_model(cfg.model, dense_device=torch.device("meta"), perf=cfg.perf)
     fuse_embedding_optimizer(model, cfg.optimizer)
     pooling = {

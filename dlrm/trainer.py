@@ -38,7 +38,7 @@ from dlrm.checkpoint import (
     planning_inputs,
     saved_plan,
 )
-from dlrm.config import Config, ConfigError, to_config
+from dlrm.config import Config, ConfigError, per_rank_batch, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.graphed import GraphedTrainPipeline, check_graphed, use_capture_stream
 from dlrm.loggers import MetricsLogger, setup_logging
@@ -266,13 +266,7 @@ class Trainer:
             else OmegaConf.to_container(OmegaConf.structured(cfg))
         )
 
-        gb = cfg.data.global_batch_size
-        if gb is not None and gb % info.world_size:
-            raise ConfigError(
-                f"config key `data.global_batch_size`: {gb} does not divide over "
-                f"{info.world_size} ranks; use a multiple of the world size"
-            )
-        self.batch_size = gb // info.world_size if gb else cfg.data.batch_size
+        self.batch_size = per_rank_batch(cfg.data, info.world_size)
         self.global_batch = self.batch_size * info.world_size
         self.eval_batch_size = cfg.eval.batch_size or self.batch_size
 
