@@ -194,6 +194,7 @@ class Trainer:
         self._input_warned = False
         self._windows_logged = 0  # by this process: a resumed run's first window also holds the compile
         self.history: list = []
+        self.target_met_before = False  # resumed from the checkpoint where the run reached eval.target_auc
 
     @property
     def step(self) -> int:
@@ -443,6 +444,17 @@ class Trainer:
                     self.step,
                     self.total_steps,
                 )
+            reached, target = self.state.target_auc_reached, cfg.eval.target_auc
+            if self.step < self.total_steps and reached is not None and target is not None and reached >= target:
+                self.target_met_before = True  # a relaunch of a run that stopped at its target: the same
+                log.warning(
+                    "checkpoint %s is at step %d, where this run reached eval.target_auc=%s (validation AUC %.5f): "
+                    "nothing left to train; raise eval.target_auc (or set it to null) to go on",
+                    resume_from,
+                    self.step,
+                    target,
+                    reached,
+                )
         if info.is_main:  # only once the resume checks passed: a refused relaunch leaves the run's files as they were
             with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as f:
                 f.write(OmegaConf.to_yaml(resolved))
@@ -548,7 +560,7 @@ class Trainer:
         last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
-        target_hit = False
+        target_hit = self.target_met_before
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
         self.model.train()
@@ -561,7 +573,7 @@ class Trainer:
             cfg.profile_wait_steps,
             cfg.profile_steps,
         )
-        while self.step < self.total_steps:
+        while self.step < self.total_steps and not target_hit:
             self.profiler.begin_step(self.step + 1)
             out = self.pipeline.progress(it)
             self.profiler.end_step()
@@ -588,6 +600,7 @@ class Trainer:
                 # a histogram AUC counts as reached only if the exact one must be: a success MLPerf would accept
                 if target is not None and last_val["val_auc"] - last_val["val_auc_bound"] >= target:
                     target_hit = True
+                    self.state.target_auc_reached = last_val["val_auc"] - last_val["val_auc_bound"]
                     msg = (
                         f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
                         f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
@@ -612,14 +625,14 @@ class Trainer:
         self.profiler.close()
         if isinstance(self.pipeline, GraphedTrainPipeline):
             self.pipeline.check_bag_sizes()
-        if target_hit and not (self.step % every == 0 or self.step == self.total_steps):
+        if target_hit and not self.target_met_before and not (self.step % every == 0 or self.step == self.total_steps):
             self._log_window(win, t_start)  # the early stop's partial window (the loop logs the others)
         self.ckpt.at_end(self.state)  # checkpoint: the last step, if an early stop skipped its periodic save
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
         if last_val and info.is_main:
             self.metrics.log_line(
-                f"final validation AUC {last_val['val_auc']:.4f} (logloss {last_val['val_logloss']:.5f}, "
+                f"final validation AUC {_auc_text(last_val, 'val_')} (logloss {_num(last_val['val_logloss'], '.5f')}, "
                 f"{last_val['val_samples']:,} samples) after {self.step} steps, "
                 f"{time.perf_counter() - t_start:.1f}s"
             )
@@ -730,11 +743,14 @@ class Trainer:
         rec.update({f"{kind}_{k}": v for k, v in res.items()})
         rec["eval_s"] = time.perf_counter() - t0
         rec["eval_samples_per_s"] = res["samples"] / max(rec["eval_s"], 1e-9)
+        if res["auc_undefined"] is None:
+            del rec[f"{kind}_auc_undefined"]
         self.metrics.log(
             rec,
             (
-                f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {res['auc']:.4f} | logloss {res['logloss']:.5f} | "
-                f"ne {res['ne']:.4f} | acc {res['accuracy']:.4f} | calib {res['calibration']:.3f} | "
+                f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {_auc_text(res)} | "
+                f"logloss {_num(res['logloss'], '.5f')} | ne {_num(res['ne'], '.4f')} | "
+                f"acc {_num(res['accuracy'], '.4f')} | calib {_num(res['calibration'], '.3f')} | "
                 f"{res['samples']:,} samples | {rec['eval_s']:.1f}s"
             ),
             kind=kind,
@@ -757,6 +773,17 @@ class Trainer:
             self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _num(v: float, spec: str) -> str:
+    """``v`` formatted, or ``n/a`` for NaN (a metric undefined on this split)."""
+    return format(v, spec) if math.isfinite(v) else "n/a"
+
+
+def _auc_text(res: Dict[str, Any], prefix: str = "") -> str:
+    """The AUC of an evaluation record for a log line, or ``undefined (<why>)`` (:func:`dlrm.metrics.auc_undefined`)."""
+    why = res.get(f"{prefix}auc_undefined")
+    return f"undefined ({why})" if why else _num(res[f"{prefix}auc"], ".4f")
 
 
 def _peak_memory_gb(device: torch.device) -> float:
