@@ -107,6 +107,16 @@ def check_file(path: str, config_key: Optional[str] = "data.train_path") -> None
         raise FileNotFoundError(f"{where}no such file {path!r} (cwd {os.getcwd()}); {fix}")
 
 
+def count_rows(path: str) -> int:
+    """Non-blank lines of a plain or gzip file (:func:`open_input`): its rows, unparsed."""
+    raw, f, _ = open_input(path)
+    try:
+        return sum(1 for line in f if line.strip())
+    finally:
+        f.close()
+        raw.close()
+
+
 @dataclass
 class RawRows:
     """Parsed rows before any model-dependent mapping.
