@@ -566,3 +566,18 @@ def test_relaunch_after_the_target_auc_is_a_no_op(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "checkpoints")) == [f"step_{stop}"]
     higher = fit(["eval.target_auc=0.99", "trainer.max_steps=" + str(stop + 2)])
     assert higher.step == stop + 2 and not higher.target_met_before
+
+
+def test_mlperf_log_lines_go_to_their_file_only(tmp_path: Path) -> None:
+    """mllog's own logger also prints every line to stdout: the trainer's writes mlperf.log alone."""
+    code = (
+        "import sys; from dlrm.config import MlperfSink; from dlrm.mlperf_log import MlperfLogger; "
+        "m = MlperfLogger(sys.argv[1], MlperfSink(enabled=True), is_main=True); m.init_start(); m.run_start()"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0 and (p.stdout, p.stderr) == ("", ""), p.stdout + p.stderr
+    assert [e["key"] for e in _mllog(tmp_path / "mlperf.log")][:3] == [
+        "cache_clear",
+        "init_start",
+        "submission_benchmark",
+    ]
