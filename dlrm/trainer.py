@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import math
 import os
@@ -560,6 +561,7 @@ class Trainer:
         last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
+        self._fit_first_step = self.step  # the ETA counts this process's steps (a resume starts later)
         target_hit = self.target_met_before
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
@@ -683,6 +685,8 @@ class Trainer:
             "samples": self.samples_seen,
             "time_s": time.perf_counter() - t_start,
         }
+        # remaining steps at this process's wall time per step so far (evaluations and saves included)
+        rec["eta_s"] = rec["time_s"] / max(self.step - self._fit_first_step, 1) * (self.total_steps - self.step)
         if self.skip_nonfinite:
             rec["skipped_batches"] = stats["skipped_global"]
         self._windows_logged += 1
@@ -701,7 +705,8 @@ class Trainer:
             (
                 f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {rec['loss']:.5f} | "
                 f"auc(win) {auc} | lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | "
-                f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s"
+                f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s | "
+                f"eta {datetime.timedelta(seconds=round(rec['eta_s']))}"
             ),
         )
         self.last_train = {

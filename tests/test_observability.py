@@ -581,3 +581,25 @@ def test_mlperf_log_lines_go_to_their_file_only(tmp_path: Path) -> None:
         "init_start",
         "submission_benchmark",
     ]
+
+
+def test_step_lines_end_with_an_eta(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """ETA = wall time per step so far x steps left: at step 2 of 4 it is the time so far, at the end 0."""
+    import datetime
+
+    from dlrm.trainer import Trainer
+
+    base = ["data.num_train_samples=1024", "data.num_val_samples=256", "data.num_test_samples=0"]
+    t = Trainer(
+        compose([*base, "trainer.max_steps=4", "logger.log_every_n_steps=2", "eval.every_n_steps=null"]), str(tmp_path)
+    )
+    try:
+        t.fit()
+    finally:
+        t.close()
+    recs = [r for r in records(tmp_path) if "loss" in r]
+    assert [r["eta_s"] for r in recs] == [recs[0]["time_s"], 0.0]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.rsplit(" | ", 1)[1] for line in lines] == [
+        f"eta {datetime.timedelta(seconds=round(r['eta_s']))}" for r in recs
+    ]
