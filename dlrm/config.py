@@ -985,6 +985,9 @@ class LoggerConfig:
     """One record per this many steps (and the last step)."""
     train_auc: bool = True
     """Compute a windowed training AUC over each logging window (histogram method)."""
+    verbose: bool = False
+    """Print the sharding plan and step-traffic tables on stdout too (always in ``train.log`` and ``plan.json``;
+    stdout gets a one-line summary of the plan)."""
     stdout: StdoutSink = field(default_factory=StdoutSink)
     tensorboard: TensorBoardSink = field(default_factory=TensorBoardSink)
     wandb: WandbSink = field(default_factory=WandbSink)

@@ -259,7 +259,7 @@ class Trainer:
                 raise ConfigError(
                     f"config key `{key}`: cannot make {path} ({e.strerror or e}); give a writable path"
                 ) from None
-        setup_logging(info.rank, self.run_dir)
+        setup_logging(info.rank, self.run_dir, cfg.logger.verbose)
         self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
         self.mlperf.init_start()
         resolved = (
@@ -392,7 +392,8 @@ class Trainer:
         )
         log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
         if info.is_main:
-            log.info("%s", format_plan(self.model.plan_info))
+            log.info("%s", plan_summary(self.model.plan_info))
+            log.info("%s", format_plan(self.model.plan_info), extra={"detail": True})
             traffic = model_traffic(
                 cfg,
                 self.plan,
@@ -401,7 +402,7 @@ class Trainer:
                 local_world_size=info.local_world_size,
                 batch_size=self.batch_size,
             )
-            log.info("%s", traffic_report(traffic, info.device.type))
+            log.info("%s", traffic_report(traffic, info.device.type), extra={"detail": True})
         log.info(
             "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
             self.batch_size,
@@ -778,6 +779,18 @@ class Trainer:
             self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
         if self.metrics is not None:
             self.metrics.close()
+
+
+def plan_summary(pi: Any) -> str:
+    """One line for stdout: the tables per sharding type and kernel, and where the full plan is."""
+    kinds: Dict[str, set] = {}
+    for sh in pi.shards:
+        kinds.setdefault(f"{sh['sharding_type']} {sh['compute_kernel']}", set()).add(sh["table"])
+    types = ", ".join(f"{len(t)} {k}" for k, t in sorted(kinds.items(), key=lambda kv: -len(kv[1])))
+    return (
+        f"sharding plan ({pi.source}) for {pi.world_size} rank{'s' * (pi.world_size != 1)}: tables {types}; the "
+        "plan and step-traffic tables are in train.log and plan.json (logger.verbose=true prints them here)"
+    )
 
 
 def _num(v: float, spec: str) -> str:

@@ -603,3 +603,35 @@ def test_step_lines_end_with_an_eta(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert [line.rsplit(" | ", 1)[1] for line in lines] == [
         f"eta {datetime.timedelta(seconds=round(r['eta_s']))}" for r in recs
     ]
+
+
+def test_start_up_is_short_and_library_warnings_are_quiet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """On 2 ranks: one plan line on stdout (the tables in train.log), no TorchRec topology warning and no torch
+    deprecation warning per evaluation; logger.verbose=true prints the tables on stdout too."""
+    from dlrm.trainer import Trainer
+
+    small = ["data.num_train_samples=2048", "data.num_val_samples=512", "data.num_test_samples=0"]
+    d = tmp_path / "run"
+    p = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d}", *small]
+        + ["trainer.max_steps=4", "eval.every_n_steps=2", "logger.log_every_n_steps=2"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout + p.stderr
+    assert "Warning" not in out and "deprecated" not in out and "the job will fail" not in out, out
+    assert "sharding plan (planner) for 2 ranks: tables 22 row_wise fused, 4 data_parallel dense; the plan" in out
+    assert "shards (rows x cols)" not in out and "bytes each rank hands each collective" not in out
+    log = (d / "train.log").read_text()
+    assert "shards (rows x cols)" in log and "bytes each rank hands each collective" in log
+    assert "TopologyFactory" not in log
+    t = Trainer(compose([*small, "trainer.max_steps=1", "logger.verbose=true"]), str(tmp_path / "verbose"))
+    try:
+        t.setup()
+    finally:
+        t.close()
+    assert "shards (rows x cols)" in capsys.readouterr().out
