@@ -128,5 +128,5 @@ def test_plan_refuses_a_world_size_it_cannot_plan_at_once(capsys: pytest.Capture
     assert capsys.readouterr().err == (
         "error: config key `world_size`: 10000 ranks is more than this planner plans (1024): TorchRec's planner "
         "copies every rank's state for each of its hundreds of proposals, so its time grows with the world size "
-        "(minutes at 1024, far longer beyond); plan for at most 1024 ranks\n"
+        "(about a minute at 1024, far longer beyond); plan for at most 1024 ranks\n"
     )
