@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # GPU image of the trainer: CUDA 13.0 on Ubuntu 24.04 (Python 3.12), the stack verified on H200
-# (torch 2.11.0+cu130, fbgemm-gpu 1.6.0, torchrec 1.6.1: the `gpu` extra of pyproject.toml), then this repo.
+# (torch 2.11.0+cu130, fbgemm-gpu 1.6.0, torchrec 1.6.1: the pins of `make venv STACK=gpu`), then this repo.
 #   docker build -t dlrm-v2:0.1.0 .
 #   docker run --gpus all --ipc=host dlrm-v2:0.1.0                                    # synthetic default, 1 GPU
 #   docker run --gpus all --ipc=host -v /mnt/criteo:/data:ro -v /mnt/runs:/outputs -e DLRM_OUTPUT_ROOT=/outputs \

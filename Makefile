@@ -1,30 +1,57 @@
 # Two commands set everything up on a fresh machine with Python 3.11:
 #   make train   creates .venv (pinned CPU stack) when missing, then trains on the embedded default
 #   make test    same set-up, then the linter, the format check and the test suite (what .ci/run calls)
+# On a GPU host add STACK=gpu (make train STACK=gpu, make test STACK=gpu, make venv STACK=gpu): the CUDA 13.0
+# stack verified on H200. One .venv holds one stack: `make clean` before switching.
 # Extra arguments: make train ARGS="model=dlrm_v2 trainer.max_steps=100"   make test PYTEST_ARGS="-k tsv"
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
-# Extra pip arguments for torch alone, e.g. a CPU wheel index where the default would fetch a CUDA build.
+STACK ?= cpu
+# Extra pip arguments for torch alone on the CPU stack, e.g. a CPU wheel index where the default would fetch a
+# CUDA build.
 TORCH_PIP_ARGS ?=
+# The GPU stack's wheel index for torch and fbgemm-gpu (the Dockerfile's TORCH_INDEX_URL).
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cu130
 ARGS ?=
 PYTEST_ARGS ?=
 
+# Each stack in install order: torch, its FBGEMM build, torchrec. torchrec goes in last (after requirements.txt)
+# and without its declared dependencies (fbgemm-gpu, torchmetrics==1.0.3): they would replace the FBGEMM build
+# and the torchmetrics 1.9.0 pin, and pip checks declared pins only on installs that resolve dependencies.
+# The GPU pins are the Dockerfile's; tests/test_launch_packaging.py checks both against `make -n`.
+ifeq ($(STACK),cpu)
+STAMP := $(VENV)/.installed
+OTHER := $(VENV)/.installed-gpu
+OTHER_STACK := GPU
+TORCH := torch==2.13.0 $(TORCH_PIP_ARGS)
+FBGEMM := fbgemm-gpu-cpu==1.8.0
+TORCHREC := torchrec==1.8.0
+else ifeq ($(STACK),gpu)
+STAMP := $(VENV)/.installed-gpu
+OTHER := $(VENV)/.installed
+OTHER_STACK := CPU
+TORCH := torch==2.11.0 --index-url $(TORCH_INDEX_URL)
+FBGEMM := fbgemm-gpu==1.6.0 --index-url $(TORCH_INDEX_URL)
+TORCHREC := torchrec==1.6.1
+else
+$(error STACK=$(STACK): use STACK=cpu (the default) or STACK=gpu)
+endif
+
 .PHONY: train test venv clean
 
-venv: $(VENV)/.installed
+venv: $(STAMP)
 
-$(VENV)/.installed: requirements.txt Makefile
+$(STAMP): requirements.txt Makefile
+	@if [ -e $(OTHER) ]; then echo "error: $(VENV) holds the $(OTHER_STACK) stack, not STACK=$(STACK): run make clean first, or install this one beside it with VENV=.venv-$(STACK)" >&2; exit 2; fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PIP) install -q fbgemm-gpu-cpu==1.8.0
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q $(FBGEMM)
 	$(PIP) install -q -r requirements.txt
-	@# last and without its declared deps (the CUDA fbgemm-gpu, an older torchmetrics pin): the CPU build of
-	@# fbgemm-gpu above serves it, and torchmetrics 1.9.0 is what the GPU image has too
-	$(PIP) install -q --no-deps torchrec==1.8.0
-	$(PY) -c "import torch, torchrec, fbgemm_gpu, hydra; print('stack: torch', torch.__version__, '| torchrec', torchrec.__version__)"
+	$(PIP) install -q --no-deps $(TORCHREC)
+	$(PY) -c "import torch, torchrec, fbgemm_gpu, hydra; print('stack: torch', torch.__version__, '| torchrec', torchrec.__version__, '| GPUs', torch.cuda.device_count())"
 	@touch $@
 
 train: venv

@@ -10,7 +10,9 @@ evaluation day, the materialized MLPerf multi-hot and its expansion tables) and 
 process: ``bench.throughput --variants <variant>`` (the step on random batches already on the device), and
 ``train.py`` on every ``--sources``: ``synthetic`` (``data.num_train_samples=--rows``), ``binary_materialized``,
 ``binary_on_the_fly`` (``data=criteo_binary`` with ``data.multi_hot_source``) and ``tsv`` (the first
-``--tsv-rows`` rows written as a Criteo TSV; ``data=criteo_tsv``). A trainer's figure is the median samples/s
+``--tsv-rows`` rows written as a Criteo TSV; ``data=criteo_tsv``). ``--ids criteo`` draws the step benchmark's
+ids and the generated dataset's 1-hot ids from the power law fitted to Criteo 1TB (``bench/ids.py``); the
+``synthetic`` source draws its own, uniform. A trainer's figure is the median samples/s
 of its logged windows after the first (the first holds the compile), with its median ``input_ms`` (host time the
 step waited for batches); no validation runs during the timed steps.
 
@@ -31,6 +33,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from bench import ids as bench_ids
 from bench.loader import generate
 from bench.throughput import BASE, SMOKE_BASE
 
@@ -118,6 +121,8 @@ def run_step_bench(args: argparse.Namespace) -> Dict[str, Any]:
         str(args.batch),
         "--sharding",
         "table_wise",
+        "--ids",
+        args.ids,
     ] + (["--smoke"] if args.smoke else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if p.returncode != 0:
@@ -152,6 +157,12 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
     )
     ap.add_argument("--variant", default="fast", help="the step benchmark's variant to compare with")
     ap.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
+    ap.add_argument(
+        "--ids",
+        choices=bench_ids.DISTRIBUTIONS,
+        default="uniform",
+        help="ids of the step benchmark and of the generated dataset (bench/ids.py; data=synthetic draws its own)",
+    )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds allowed to each run")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (tests); numbers are meaningless")
     args = ap.parse_args(argv)
@@ -162,7 +173,7 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
     args.out = args.out or args.dir
     os.makedirs(args.out, exist_ok=True)
     row_cap = 1000 if args.smoke else 4_000_000
-    generate(args.dir, args.rows, row_cap)
+    generate(args.dir, args.rows, row_cap, args.ids)
     args.tsv = os.path.join(args.dir, f"train_{args.tsv_rows}_of_{args.rows}_cap{row_cap}.tsv")
     if "tsv" in args.sources:
         if args.tsv_rows > args.rows // 2:

@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, ModelConfig
-from dlrm.data import binary as B
+from dlrm.data import binary_format as BF
 from dlrm.data import multihot as mh_mod
 from dlrm.data import preprocess as P
 
@@ -166,7 +166,7 @@ def table_elements(table_rows: Sequence[int], sizes: Sequence[int]) -> int:
 
 def measure_kind(out: str, days: Sequence[int], kind: str, rows: int) -> Dict[str, Any]:
     """Sizes of ``day_{d}_{kind}.npy`` over ``days``: files, bytes, header bytes, and data bytes per row."""
-    paths = [B.day_file(out, d, kind) for d in days]
+    paths = [BF.day_file(out, d, kind) for d in days]
     size = sum(os.path.getsize(p) for p in paths)
     headers = sum(npy_header_bytes(p) for p in paths)
     return {
@@ -228,7 +228,7 @@ def bench(root: str, days: int, rows_per_day: int, workers: int, row_cap: Option
         "bytes": sum(os.path.getsize(os.path.join(tdir, n)) for n in os.listdir(tdir)),
     }
     # deleted by the dense pass (unless --keep-raw-dense): the same int32 [N, 13] layout as dense
-    outputs["dense_raw"] = {"bytes_per_row": 13 * 4, "header_bytes_per_file": B.HEADER_BYTES, "transient": True}
+    outputs["dense_raw"] = {"bytes_per_row": 13 * 4, "header_bytes_per_file": BF.HEADER_BYTES, "transient": True}
 
     stages = {
         "convert": {

@@ -14,9 +14,11 @@ Parts:
   dcn       the DCN's cross layers alone as ``perf=fast`` runs them (:class:`dlrm.model.AutocastLowRankCrossNet`
             under bf16 autocast, compiled on a GPU), forward and backward to ``x_0``; the difference to the sum of
             its products' times is its elementwise work.
-  tables    the row bytes the TBE moves in a step of uniform ids (the step benchmark's batches; ids and offsets
-            aside), counted, not timed: a table of ``r`` rows with ``h`` ids per sample sees
-            ``r (1 - (1 - 1/r)^(h B))`` distinct rows in a batch of ``B``; the backward with element-wise Adagrad
+  tables    the row bytes the TBE moves in a step of the step benchmark's batches (``--ids``, as
+            ``bench.throughput --ids``; ids and offsets aside), counted, not timed: with uniform ids a table of ``r``
+            rows with ``h`` ids per sample sees ``r (1 - (1 - 1/r)^(h B))`` distinct rows in a batch of ``B``; with
+            skewed ids, ``bench.ids.expected_rows`` (the power law's distinct 1-hot ids, each with its ``h - 1``
+            MLPerf multi-hot ids); the backward with element-wise Adagrad
             reads and writes each distinct row's fp32 weights and fp32 state and reads one bf16 gradient row per
             id; the forward reads each distinct row once from HBM (repeats of a row hit the L2 cache) and writes
             the bf16 pooled output. Divide by the TBE kernels' times in the profile for their bandwidth.
@@ -29,12 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from bench import ids as bench_ids
 from dlrm.config import NUM_DENSE_FEATURES, ModelConfig, compose, to_config
 from dlrm.model import AutocastLowRankCrossNet
 
@@ -135,12 +137,14 @@ def dcn(m: ModelConfig, batch: int, device: torch.device, reps: int) -> Dict[str
     return {"in_features": d, "layers": m.dcn_num_layers, "ms": timed(step, device, reps)}
 
 
-def tables(m: ModelConfig, batch: int) -> Dict[str, float]:
-    """Bytes the TBE reads and writes in one step of uniform ids (see the module docstring)."""
+def tables(m: ModelConfig, batch: int, ids_dist: str = "uniform") -> Dict[str, float]:
+    """Bytes the TBE reads and writes in one step of ``ids_dist`` ids (``bench.ids.DISTRIBUTIONS``; see the module
+    docstring)."""
     dim = m.embedding_dim
     hot = m.multi_hot_sizes
     ids = batch * sum(hot)
-    rows = sum(r * -math.expm1(h * batch * math.log1p(-1 / r)) if r > 1 else 1.0 for r, h in zip(m.table_rows, hot))
+    s = [None] * len(hot) if ids_dist == "uniform" else bench_ids.exponents(ids_dist, len(hot))
+    rows = sum(bench_ids.expected_rows(r, e, h, batch) for r, e, h in zip(m.table_rows, s, hot))
     row = 4 * dim  # fp32 weights, and fp32 element-wise Adagrad state
     backward = rows * 2 * (row + row) + ids * 2 * dim
     forward = rows * row + batch * len(hot) * 2 * dim
@@ -152,6 +156,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     p.add_argument("--batch", type=int, default=32768, help="rows per step (per GPU)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, batch 64")
+    p.add_argument("--ids", choices=bench_ids.DISTRIBUTIONS, default="uniform", help="id distribution (bench/ids.py)")
     args = p.parse_args(argv)
     smoke = args.smoke
     device = torch.device("cpu" if smoke or not torch.cuda.is_available() else "cuda")
@@ -163,7 +168,8 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     out["copy"] = copy_bandwidth(device, args.reps)
     out["dcn"] = dcn(m, batch, device, args.reps)
     out["dcn"]["products_ms"] = sum(sum(r["ms"]) for r in out["products"]["layers"] if r["layer"].startswith("dcn."))
-    out["tables"] = tables(m, batch)
+    out["tables"] = tables(m, batch, args.ids)
+    out["ids"] = args.ids
 
     pr = out["products"]
     print(f"# roofline: {out['device']}, batch {batch}, torch {torch.__version__}")
@@ -181,7 +187,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     print(f"dcn: {d['layers']} layers of {d['in_features']}, forward and backward {d['ms']:.3f} ms; "
           f"its products alone {d['products_ms']:.3f} ms")  # fmt: skip
     t = out["tables"]
-    print(f"tables: {t['ids'] / 1e6:.3f} M ids, {t['distinct_rows'] / 1e6:.3f} M distinct rows; "
+    print(f"tables ({args.ids} ids): {t['ids'] / 1e6:.3f} M ids, {t['distinct_rows'] / 1e6:.3f} M distinct rows; "
           f"backward {t['backward_bytes'] / 1e9:.2f} GB, forward {t['forward_bytes'] / 1e9:.2f} GB")  # fmt: skip
     print(json.dumps(out))
     return out

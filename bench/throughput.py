@@ -14,7 +14,8 @@ What is timed, per variant and per-rank batch size: ``--repeats`` repeats of ``-
 untimed steps, a device synchronize and a barrier (a rank still copying must not look like a slow collective);
 ms/step is the slowest rank's; the median repeat is reported with min and max. Batches are random (uniform ids,
 MLPerf multi-hot sizes: 214 ids per sample; int64, or int32 with ``--ids-dtype int32`` as ``data=criteo_binary``
-loads them), built once on the device before timing and cycled, the same pool for every variant.
+loads them; ``--ids criteo``: skewed as in Criteo 1TB, ``bench/ids.py``), built once on the device before timing
+and cycled, the same pool for every variant.
 
 Variants (``--variants``):
   stock      plain TorchRec as the MLPerf reference sets it up (``bench/pipeline_ab.py``'s stock runner: TorchRec's
@@ -66,6 +67,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from bench import ids as bench_ids
 from bench import pipeline_ab as ab
 from dlrm import torchrec_compat as compat
 from dlrm.config import compose, to_config
@@ -190,6 +192,7 @@ class TrainerRunner(ab.Runner):
             False,
             seed=1000 + dist.get_rank(),
             ids_dtype=ab.IDS_DTYPES[args.ids_dtype],
+            ids=args.ids,
         )
         self.win = MetricWindow(info.device)
         self.n = 0
@@ -421,10 +424,11 @@ def _attach_profile(
 
 
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+    ids = "" if meta.get("ids", "uniform") == "uniform" else f", {meta['ids']}"
     lines = [
         f"# throughput: {meta['date']} on {meta['device']} x{meta['world']} (torch {meta['torch']}, "
         f"torchrec {meta['torchrec']}; {meta['repeats']} repeats x {meta['steps']} steps, warm-up "
-        f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')})",
+        f"{meta['warmup']}; KJT ids {meta.get('ids_dtype', 'int64')}{ids})",
         "",
         "| variant | overrides | batch/GPU | ms/step median | min | max | samples/s | vs stock | vs stock_elementwise "
         "| peak GB | plan |",
@@ -506,6 +510,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         choices=sorted(ab.IDS_DTYPES),
         default="int64",
         help="dtype of the KJT ids of every variant, stock included (int32: as data=criteo_binary loads them)",
+    )
+    p.add_argument(
+        "--ids",
+        choices=bench_ids.DISTRIBUTIONS,
+        default="uniform",
+        help="id distribution of every variant's batches, stock included (bench/ids.py): uniform, or 1-hot ids of "
+        "the power law fitted to Criteo 1TB (criteo) or Kaggle (criteo_kaggle), expanded by the MLPerf multi-hot",
     )
     p.add_argument("--log-every", type=int, default=20, help="the trainer's logger.log_every_n_steps")
     p.add_argument(

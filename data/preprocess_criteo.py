@@ -22,7 +22,7 @@ Check the written files against the sha256s in meta.json::
 Runs are resumable: a killed run, re-run with the same arguments, redoes only the unfinished days. A dataset in
 --out that was built with other options (days, input, table rows, dense transform or m) is refused; --overwrite
 rebuilds it there, keeping the days whose input and options are unchanged. Memory: about 100 MB per worker.
-Format, splits and transforms: docs/data.md and dlrm/data/binary.py.
+Format, splits and transforms: docs/data.md and dlrm/data/binary_format.py.
 
 Exit status: 0 done; 2 bad input (a flag's value, a missing file, a malformed line, a dataset directory it cannot
 use), as one ``error:`` line naming the flag or file (and line) and the fix; ``verify``: 1 when a file differs from

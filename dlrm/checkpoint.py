@@ -86,6 +86,7 @@ from dlrm import torchrec_compat as compat
 from dlrm.config import CheckpointConfig, Config, ConfigError, InputError
 from dlrm.dist import DistInfo
 from dlrm.metrics import MetricWindow
+from dlrm.rundir import StorageError, free_bytes, is_storage_fault, storage_error
 from dlrm.schedule import load_scheduler_state
 from dlrm.sharding import plan_fingerprint, plan_rows, save_plan
 
@@ -414,6 +415,25 @@ def load_app_state(
         report.restored = sorted({k for restored, _ in parts for k in restored})
         report.skipped = {k: v for _, skipped in parts for k, v in skipped.items()}
     return report
+
+
+def _dir_bytes(path: str) -> int:
+    """Bytes of the files directly in ``path`` (0 if it is absent)."""
+    if not os.path.isdir(path):
+        return 0
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+
+
+def _state_bytes(state: Dict[str, Any]) -> int:
+    """Bytes of this rank's tensors in ``state`` (a ``ShardedTensor``: its local shards), about what its save
+    writes."""
+    total = 0
+    for v in _flatten(state).values():
+        if hasattr(v, "local_shards"):
+            total += sum(s.tensor.numel() * s.tensor.element_size() for s in v.local_shards())
+        elif isinstance(v, torch.Tensor):
+            total += v.numel() * v.element_size()
+    return total
 
 
 # ------------------------------------------------------------------------------------------------- rng state
@@ -941,12 +961,47 @@ class Checkpointer:
         in host memory; the files appear as ``step_<N>/`` when the background write has finished.
 
         Raises:
-            OSError: ``checkpoint.dir`` cannot be created or written (permissions, a full disk).
+            dlrm.rundir.StorageError: the disk of ``checkpoint.dir`` is full (or over quota, or read-only): the
+                message names ``step_<N>.tmp``, the bytes needed and free; the partial save is removed and the
+                earlier checkpoints are left as they were (:meth:`_failed`).
+            OSError: ``checkpoint.dir`` cannot be created or written for another reason (permissions).
             torch.distributed.checkpoint.CheckpointException: DCP's write failed on a rank (it wraps that rank's
                 error). With ``block=False`` a failure of the background write surfaces from the next
                 :meth:`wait` (which :meth:`save` and :meth:`close` call).
         """
         self.wait()
+        try:
+            return self._save(state, block)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - only a storage fault is translated
+            err = self._failed(state.step, e)
+            if err is None:
+                raise
+            raise err from e
+
+    def _failed(self, step: int, e: BaseException) -> Optional[StorageError]:
+        """The error for the save of ``step`` that failed with ``e`` when the cause is storage (an ``ENOSPC``,
+        ``EDQUOT`` or ``EROFS`` on any rank, or fewer bytes free than the save needs: torch's zip writer reports
+        a short write as ``RuntimeError: unexpected pos``), else None. For a storage fault rank 0 removes the
+        partial ``step_<N>.tmp`` (every rank is past the failed write: DCP gathers its outcome from all of them),
+        which gives its space back. The bytes needed are the newest checkpoint's size, else this rank's state."""
+        tmp = step_dir(self.root, step) + ".tmp"
+        done = list_checkpoints(self.root)
+        needed = _dir_bytes(done[-1][1]) if done else _state_bytes(app_state(self.model, self.optimizer))
+        free = free_bytes(self.root)
+        # what was free before this save: what is free now plus what its partial files took
+        if not (is_storage_fault(e) or (free is not None and free + _dir_bytes(tmp) < needed)):
+            return None  # e.g. a peer rank killed mid-save: its step_<N>.tmp stays for the next start to report
+        if self.info.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = (
+            f"the earlier checkpoints are intact (newest {os.path.basename(done[-1][1])}): free space there or set "
+            f"checkpoint.dir to a larger disk, and launch again to resume from it"
+            if done
+            else "free space there or set checkpoint.dir to a larger disk"
+        )
+        return storage_error(tmp, e, needed, kept)
+
+    def _save(self, state: TrainState, block: bool) -> str:
         step = state.step
         final, tmp = step_dir(self.root, step), step_dir(self.root, step) + ".tmp"
         t0 = time.perf_counter()
@@ -1003,14 +1058,24 @@ class Checkpointer:
             self.wait()
 
     def wait(self) -> None:
-        """Block until the pending async save (if any) has finished, then publish it."""
+        """Block until the pending async save (if any) has finished, then publish it.
+
+        Raises:
+            dlrm.rundir.StorageError: as :meth:`save`; other failures of the background write as they were.
+        """
         if self._pending is None:
             return
         fut, step, tmp = self._pending
         self._pending = None
         t0 = time.perf_counter()
-        fut.result()
-        self._finish(step, tmp)
+        try:
+            fut.result()
+            self._finish(step, tmp)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - only a storage fault is translated
+            err = self._failed(step, e)
+            if err is None:
+                raise
+            raise err from e
         log.info("checkpoint %s written (waited %.2fs)", step_dir(self.root, step), time.perf_counter() - t0)
 
     def _finish(self, step: int, tmp: str) -> None:

@@ -20,6 +20,7 @@ between ranks that start a second apart; no Hydra or torchrun option names the d
 
 import os
 import re
+import shutil
 import sys
 from typing import List, Mapping, Optional, Sequence
 
@@ -29,6 +30,7 @@ from omegaconf import DictConfig
 
 from dlrm.config import CONF_DIR, InputError, compose, error_line, register_configs
 from dlrm.dist import env_int
+from dlrm.rundir import LOCK_NAME, probe
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
@@ -118,13 +120,18 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     return out
 
 
-def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[str, str]) -> None:
+def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[str, str]) -> bool:
     """Create the run directory's fixed part (up to any ``${now:...}``) now, so that a path that cannot be one
-    stops the run with one line instead of Hydra's traceback.
+    stops the run with one line instead of Hydra's traceback; refuse a run directory that a live run of another
+    job owns (:func:`dlrm.rundir.probe`) before Hydra writes into it.
+
+    Returns:
+        Whether this launch makes the run directory (a timestamped one always; a named one that does not exist
+        yet): a refused launch then removes it again (:func:`remove_refused_run_dir`).
 
     Raises:
         InputError: the directory cannot be made (a file in its way, no permission), naming ``hydra.run.dir`` or
-            ``$DLRM_OUTPUT_ROOT`` (whichever gave it).
+            ``$DLRM_OUTPUT_ROOT`` (whichever gave it); a live run owns it (``ConfigError``).
     """
     given = [a for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
     made = [a for a in overrides if a.startswith("hydra.run.dir=")]
@@ -135,6 +142,7 @@ def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[st
     else:
         where, path = f"environment variable ${OUTPUT_ROOT_ENV} (default {DEFAULT_OUTPUT_ROOT})", DEFAULT_OUTPUT_ROOT
     fixed = path.strip("'\"").split("${", 1)[0] or "."
+    new = "${" in path or not (given or made) or not os.path.exists(fixed)
     if os.path.exists(fixed) and not os.path.isdir(fixed):
         raise InputError(f"{where}: the run directory {fixed} is a file; give a directory")
     try:
@@ -143,6 +151,9 @@ def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[st
         raise InputError(
             f"{where}: cannot make the run directory {fixed} ({e.strerror or e}); give a writable directory"
         ) from None
+    if "${" not in path:  # a live run of another job owns it: refuse before Hydra rewrites its .hydra/
+        probe(fixed, "hydra.run.dir", env)
+    return new
 
 
 register_configs()
@@ -177,11 +188,36 @@ def hydra_main(cfg: DictConfig) -> None:
         log_error_to_file(f"error: {e}")
     finally:
         if trainer is not None:
-            trainer.close()
+            try:
+                trainer.close()
+            except InputError as e:  # the last async save failed on a full disk: its one line
+                ok, failure = False, failure or e
+                log_error_to_file(f"error: {e}")
         shutdown(barrier=ok)
     if failure is not None:
         print(f"error: {failure}", file=sys.stderr, flush=True)
+        if _new_run_dir and not isinstance(failure, FloatingPointError) and env_int(os.environ, "RANK", "0") == 0:
+            remove_refused_run_dir(HydraConfig.get().runtime.output_dir)
         sys.exit(1 if isinstance(failure, FloatingPointError) else 2)
+
+
+_new_run_dir = False  # main(): this launch makes its run directory (see check_run_dir)
+
+
+def remove_refused_run_dir(run_dir: str) -> bool:
+    """Remove the run directory that a refused launch made, when it holds nothing of a run: no metrics record, no
+    checkpoint and no owner's record (only Hydra's ``.hydra/``, ``train.log`` with the error, this launch's
+    released ``owner.lock``, and what set-up made before the refusal; a launch that started at the same moment and
+    owns it keeps it). Returns whether it was removed."""
+    metrics, owner = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, LOCK_NAME)
+    if (
+        os.path.isdir(os.path.join(run_dir, "checkpoints"))
+        or (os.path.isfile(metrics) and os.path.getsize(metrics))
+        or (os.path.isfile(owner) and os.path.getsize(owner))
+    ):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not os.path.exists(run_dir)
 
 
 def check_overrides(argv: Sequence[str]) -> None:
@@ -220,12 +256,14 @@ def main() -> None:
 
     A bad ``$DLRM_RUN_NAME`` or ``$DLRM_OUTPUT_ROOT``, or overrides that do not compose
     (:func:`check_overrides`), stop it before Hydra starts: one ``error:`` line, exit 2. A diverged training loss
-    ends the run with its ``error:`` line and exit 1.
+    ends the run with its ``error:`` line and exit 1. A launch refused with exit 2 removes the run directory it
+    made, unless it holds a metrics record or a checkpoint (:func:`remove_refused_run_dir`).
     """
+    global _new_run_dir
     try:
         check_overrides(sys.argv[1:])
         overrides = run_dir_overrides(sys.argv[1:], os.environ)
-        check_run_dir(sys.argv[1:], overrides, os.environ)
+        _new_run_dir = check_run_dir(sys.argv[1:], overrides, os.environ)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

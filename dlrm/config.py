@@ -247,18 +247,15 @@ class DataConfig:
     ``max_rows``). Other values are refused where the validation rows come from elsewhere: ``val_path``,
     ``data=criteo_binary`` (the first half of its last day), ``data=synthetic`` (``num_val_samples``)."""
     max_rows: Optional[int] = None
-    """Train on at most this many rows, the first ones (null: all). ``criteo_binary``: the first ``max_rows`` rows
-    of the training days. ``criteo_tsv``: the first ``max_rows`` rows of ``train_path``; without ``val_path``, the
-    next ``max(1, round(max_rows * val_fraction / (1 - val_fraction)))`` rows validate (so the rows read split by
-    ``val_fraction`` as without a cap), and a file holding fewer rows than the two counts together is split by
-    ``val_fraction`` as without a cap. Validation and test rows (``val_path``, ``test_path``, the binary format's
-    last day) are never capped. Refused with ``data=synthetic`` (set ``num_train_samples``)."""
+    """Train on at most this many rows, the first ones of ``train_path`` or of the training days (null: all).
+    Validation and test rows are never capped; without ``val_path`` the rows after them validate, so the rows read
+    still split by ``val_fraction`` (the counts: docs/data.md, "``data.max_rows``"). Refused with
+    ``data=synthetic`` (set ``num_train_samples``)."""
     min_id_count: int = 0
-    """``criteo_tsv`` and ``synthetic``: ids that occur fewer than this many times in a table's training rows (after
-    ``max_rows``) share that table's row 0, the row of missing values, in every split; ids that only validation or
-    test rows use do too (1: only those; 0: off, every id keeps its row). Counts come from the training rows alone.
-    Frequency thresholding, as NVTabular's ``Categorify(freq_threshold=...)``: a row that a few samples update is
-    noise at evaluation. Refused with ``criteo_binary`` (its ids are fixed when the days are preprocessed)."""
+    """``criteo_tsv`` and ``synthetic``: ids seen fewer than this many times in a table's training rows (after
+    ``max_rows``) share its row 0, the row of missing values, in every split, as do ids that only validation or
+    test rows use (1: only those; 0: off). Why: docs/data.md. Refused with ``criteo_binary`` (its ids are fixed
+    when the days are preprocessed)."""
     num_train_samples: int = 131072
     """``synthetic``: training samples."""
     num_val_samples: int = 16384
@@ -682,13 +679,10 @@ class PipelineConfig:
     ``dlrm/pipeline.py``)."""
 
     name: str = "sparse_dist"
-    """``sparse_dist`` (``TrainPipelineSparseDist``: batch i+1's host-to-device copy and KJT input dist overlap
-    batch i), ``fused_sparse_dist`` (also batch i+1's lookup and output dist beside batch i's dense optimizer;
-    CUDA), ``semi_sync`` (batch i+1's lookup and output dist beside batch i's dense backward, reading the tables
-    one update stale; CUDA), ``prefetch`` (also prefetches ``fused_uvm_caching`` rows on their own stream; CUDA),
-    ``base`` (``TrainPipelineBase``: no overlap, for debugging) or ``graphed`` (one rank, fixed bag sizes: the
-    step after the input dist replayed as one CUDA graph, for batches where the host bounds the step; CUDA;
-    ``dlrm/graphed.py``)."""
+    """``sparse_dist`` (TorchRec's ``TrainPipelineSparseDist``), ``fused_sparse_dist``, ``semi_sync``,
+    ``prefetch``, ``base`` (``TrainPipelineBase``: no overlap, for debugging) or ``graphed`` (one rank, the step as
+    one CUDA graph: ``dlrm/graphed.py``); what each overlaps: docs/configuration.md, "Config groups". All but
+    ``sparse_dist`` and ``base`` need CUDA."""
     input_dist_group: str = "shared"
     """``shared``: the input dist's KJT all-to-alls run on the default process group; ``dedicated``: on one extra
     group over the same ranks (its own NCCL communicator and stream), so the next batch's ids do not queue behind
@@ -737,10 +731,10 @@ class PerfConfig:
     out-of-range id is looked up as row 0 and a warning logged), ``fatal`` (the step fails) or ``none`` (no
     check; every loader here keeps ids in range; keep a check for KJTs of your own)."""
     tbe_stochastic_rounding: bool = True
-    """With fp16 tables, round each updated weight stochastically (FBGEMM's default, on CUDA; its CPU kernels
-    always round to nearest) or, ``false``, to nearest: 1.5% faster than fp32 tables on H200, where stochastic
-    rounding is 6% slower, but an update smaller than half the spacing of fp16 values at the weight (1/4096 to
-    1/2048 of it) is lost, not kept on average (docs/performance.md)."""
+    """With fp16 tables: ``true`` rounds each updated weight stochastically (FBGEMM's default on CUDA; its CPU
+    kernels always round to nearest), ``false`` to nearest, faster on H200, but an update below half the fp16
+    spacing at the weight (1/4096 to 1/2048 of it) is lost, not kept on average (docs/performance.md, "Rejected
+    levers")."""
     autocast: str = "none"
     """``none``, ``bf16`` or ``fp16``: ``torch.autocast`` around the dense arch, the interaction and the over
     arch (weights stay fp32; the loss is computed in fp32 from fp32 logits)."""

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 class _OursOr(logging.Filter):
@@ -65,7 +65,7 @@ def setup_logging(rank: int, run_dir: Optional[str], verbose: bool = False) -> N
         out.addFilter(_NoDetail())
     root.addHandler(out)
     if rank == 0 and run_dir:
-        fh = logging.FileHandler(os.path.join(run_dir, "train.log"))
+        fh = _RunFileHandler(os.path.join(run_dir, "train.log"))
         fh.setFormatter(fmt)
         fh.addFilter(_OursOr(logging.INFO, logging.WARNING))
         root.addHandler(fh)
@@ -75,6 +75,26 @@ def setup_logging(rank: int, run_dir: Optional[str], verbose: bool = False) -> N
 
     logging.getLogger(FX_TRACE_LOGGER).setLevel(logging.ERROR)  # is_fx_tracing notice, every start
     quiet_known_warnings()
+
+
+class _RunFileHandler(logging.FileHandler):
+    """``train.log``: a failed write (a full disk) is kept for :class:`MetricsLogger` to raise as one ``error:``
+    line, and the handler stops writing, instead of logging's traceback on stderr for every later record."""
+
+    failure: Optional[BaseException] = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)
+            return
+        _RunFileHandler.failure = _RunFileHandler.failure or exc
+        logging.getLogger().removeHandler(self)
+        try:
+            self.stream.close()  # drops what is buffered: it cannot be written
+        except OSError:
+            pass
+        self.stream = None  # type: ignore[assignment]
 
 
 def log_error_to_file(text: str) -> None:
@@ -108,6 +128,53 @@ def quiet_known_warnings() -> None:
         planner_types.addFilter(_DropMessage("The topology was constructed directly rather than via TopologyFactory"))
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\..*")
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*HeuristicalStorageReservation")
+
+
+def _after(rec: Dict[str, Any], step: int) -> bool:
+    s = rec.get("step")
+    return isinstance(s, int) and not isinstance(s, bool) and s > step and rec.get("event") != "resume"
+
+
+def _last_resume(records: List[Dict[str, Any]]) -> int:
+    return max((i for i, r in enumerate(records) if r.get("event") == "resume"), default=-1)
+
+
+def apply_resume(records: List[Dict[str, Any]], rec: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """``records`` (read so far from a ``metrics.jsonl``) followed by ``rec``; a resume marker
+    (:meth:`MetricsLogger.resumed`) first drops the records it supersedes (a step after its ``step``)."""
+    if rec.get("event") == "resume" and isinstance(rec.get("step"), int):
+        records = [r for r in records if not _after(r, rec["step"])]
+    return [*records, rec]
+
+
+def _repair_last_line(path: str) -> None:
+    """Cut a half-written last line off ``path`` (a run killed, or out of disk, while writing a record), so that
+    a resumed run appends whole records after whole records; the cut is logged as a warning."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return
+            keep = size
+            while keep > 0:  # back to the last newline, a block at a time
+                start = max(0, keep - 65536)
+                f.seek(start)
+                nl = f.read(keep - start).rfind(b"\n")
+                if nl >= 0:
+                    keep = start + nl + 1
+                    break
+                keep = start
+            f.truncate(keep)
+    except FileNotFoundError:
+        return
+    logging.getLogger(__name__).warning(
+        "%s: removed a half-written last record (%d bytes) left by a run that stopped while writing it",
+        path,
+        size - keep,
+    )
 
 
 def _clean(v: Any) -> Any:
@@ -145,9 +212,12 @@ class MetricsLogger:
         self._bar = None
         self._tb = None
         self._wandb = None
+        self.path = os.path.join(run_dir, "metrics.jsonl")
         if not is_main:
             return
-        self._f = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        _repair_last_line(self.path)
+        # unbuffered: a record is one write(2), and one that fails is cut off again (see log)
+        self._f = open(self.path, "ab", buffering=0)
         if cfg is None:
             return
         bar = cfg.stdout.progress_bar
@@ -185,8 +255,7 @@ class MetricsLogger:
         if not self.is_main:
             return
         assert self._f is not None
-        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self._f.flush()
+        self._write(json.dumps({k: _clean(v) for k, v in record.items()}).encode("utf-8") + b"\n")
         self.log_line(line or " | ".join(f"{k} {v}" for k, v in record.items()))
         scalars = {
             k: float(v)
@@ -200,6 +269,70 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log({f"{kind}/{k}": v for k, v in scalars.items()}, step=step)
+
+    def resumed(self, step: int, checkpoint: str) -> None:
+        """Mark in ``metrics.jsonl`` that the run resumed at ``step`` from ``checkpoint``: one record
+        ``{"event": "resume", "step", "checkpoint", "superseded", "previous_segment_s"}``. The records before it with
+        a step after ``step`` (``superseded`` of them: steps the killed run had logged past its last checkpoint)
+        are replayed by this run, and readers drop them (:func:`dlrm.report.load_run`), leaving one record per
+        step; ``previous_segment_s`` is the training time the ended segment logged (its last ``time_s``), so
+        that wall time adds up over segments."""
+        if not self.is_main:
+            return
+        kept: List[Dict[str, Any]] = []
+        with open(self.path, "rb") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    kept = apply_resume(kept, rec)
+        segment = [r for r in kept[_last_resume(kept) + 1 :] if isinstance(r.get("time_s"), (int, float))]
+        self._write(
+            json.dumps(
+                {
+                    "event": "resume",
+                    "step": step,
+                    "checkpoint": checkpoint,
+                    "superseded": sum(1 for r in kept if _after(r, step)),
+                    "previous_segment_s": max((r["time_s"] for r in segment), default=0.0),
+                }
+            ).encode("utf-8")
+            + b"\n"
+        )
+
+    def _write(self, data: bytes) -> None:
+        """Append one record to ``metrics.jsonl``, whole or not at all.
+
+        Raises:
+            dlrm.rundir.StorageError: the run directory's disk is full (or over quota, read-only), here or in
+                ``train.log`` earlier: names the file, the bytes needed and free. The part of the record that was
+                written is cut off again, so the file ends with a whole line.
+        """
+        from dlrm.rundir import is_storage_fault, storage_error
+
+        fix = (
+            "free space there (or give hydra.run.dir on a larger disk) and launch again: the run resumes from its "
+            "newest checkpoint"
+        )
+        if _RunFileHandler.failure is not None and is_storage_fault(_RunFileHandler.failure):
+            log_path = os.path.join(os.path.dirname(self.path), "train.log")
+            raise storage_error(log_path, _RunFileHandler.failure, None, fix) from None
+        assert self._f is not None
+        start = os.fstat(self._f.fileno()).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[self._f.write(view) :]
+        except OSError as e:
+            try:
+                os.ftruncate(self._f.fileno(), start)
+            except OSError:
+                pass
+            if is_storage_fault(e):
+                raise storage_error(self.path, e, len(data), fix) from None
+            raise
 
     def log_line(self, text: str) -> None:
         """Print a line on rank 0 (above the progress bar if there is one); not a metrics record."""

@@ -240,7 +240,7 @@ def dataset_epoch(cfg: Config, table_rows: Sequence[int]) -> Tuple[int, int, str
         assert d.dataset_dir is not None  # the config refuses criteo_binary without it
         from dlrm.data import binary
 
-        meta = binary.read_meta(d.dataset_dir)
+        meta = binary.read_dataset_meta(d.dataset_dir)
         binary.check_table_rows(meta, d.dataset_dir, table_rows)
         r = binary.split_ranges(meta, d.dataset_dir)
         train = sum(stop - first for _, first, stop in r["train"])

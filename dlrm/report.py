@@ -4,7 +4,8 @@
 
 Draws one PNG with six panels, every run overlaid: training loss, validation AUC, validation logloss and
 windowed training AUC against samples seen, throughput (samples/s, all ranks) and learning rate. Prints a
-table: steps, samples, final and best validation AUC, test AUC, median samples/s, wall time. Without
+table: steps, samples, final and best validation AUC, test AUC, median samples/s, wall time (over every segment of
+a run resumed after a stop; the steps a resumed run replayed count once). Without
 ``--out`` the PNG goes to ``<first run dir>/report.png``. A path that is not a run directory, or a damaged
 ``metrics.jsonl``: one ``error:`` line naming it, exit status 2, before anything is drawn.
 """
@@ -20,12 +21,14 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from dlrm.config import InputError
+from dlrm.loggers import apply_resume
 
 FIX = "pass a run directory of train.py (its hydra.run.dir)"
 
 
 def load_run(run_dir: str) -> List[Dict[str, Any]]:
-    """The records of ``<run_dir>/metrics.jsonl``.
+    """The records of ``<run_dir>/metrics.jsonl``, one per step: a resume marker (``"event": "resume"``, kept)
+    drops the records of the steps after its ``step`` that a killed run had logged and the resumed run replays.
 
     Raises:
         FileNotFoundError: ``run_dir`` is not a directory, or has no metrics.jsonl (the message names the path).
@@ -36,7 +39,7 @@ def load_run(run_dir: str) -> List[Dict[str, Any]]:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{run_dir!r}: no metrics.jsonl; {FIX}")
-    out = []
+    out: List[Dict[str, Any]] = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -50,7 +53,7 @@ def load_run(run_dir: str) -> List[Dict[str, Any]]:
                     f"{path}:{lineno}: not a JSON record (a run killed while writing leaves half a line); delete or "
                     "repair that line"
                 )
-            out.append(rec)
+            out = apply_resume(out, rec)
     return out
 
 
@@ -60,9 +63,9 @@ def _num(v: Any) -> Optional[float]:
 
 def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """``steps``, ``samples``, ``final_auc``, ``best_auc``, ``test_auc``, ``median_samples_per_s``, ``wall_s``
-    (None where the run has no such record); ``undefined``: ``{"val"|"test": why}`` where the last evaluation of
-    that split logged its AUC as undefined (``<kind>_auc`` null beside ``<kind>_auc_undefined``, a split of one
-    class)."""
+    (training seconds over all segments of a resumed run) (None where the run has no such record); ``undefined``:
+    ``{"val"|"test": why}`` where the last evaluation of that split logged its AUC as undefined (``<kind>_auc``
+    null beside ``<kind>_auc_undefined``, a split of one class)."""
     train = [r for r in records if "loss" in r]
     undefined = {}
     for kind in ("val", "test"):
@@ -80,9 +83,21 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
         "best_auc": max(vals) if vals else None,
         "test_auc": tests[-1] if tests else None,
         "median_samples_per_s": statistics.median(speeds) if speeds else None,
-        "wall_s": max((_num(r.get("time_s")) or 0.0 for r in train), default=None),
+        "wall_s": _wall_s(records) if train else None,
         "undefined": undefined,
     }
+
+
+def _wall_s(records: List[Dict[str, Any]]) -> float:
+    """Training seconds over every segment of a run resumed after a stop: each resume marker's
+    ``previous_segment_s`` plus the last ``time_s`` of the segment after the last marker."""
+    total, last = 0.0, 0.0
+    for r in records:
+        if r.get("event") == "resume":
+            total, last = total + (_num(r.get("previous_segment_s")) or 0.0), 0.0
+        elif "loss" in r:
+            last = max(last, _num(r.get("time_s")) or 0.0)
+    return total + last
 
 
 def _fmt(v: Any, spec: str) -> str:

@@ -50,6 +50,7 @@ from dlrm.offload import check_can_train, offload_constraints
 from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_device, compile_dense, perf_line
 from dlrm.pipeline import build_pipeline, check_pipeline_device
 from dlrm.profiling import StepProfiler
+from dlrm.rundir import DirLock, claim_run, is_storage_fault, storage_error
 from dlrm.schedule import lr_at, make_scheduler
 from dlrm.sharding import (
     dense_optimizer,
@@ -196,6 +197,7 @@ class Trainer:
         self._windows_logged = 0  # by this process: a resumed run's first window also holds the compile
         self.history: list = []
         self.target_met_before = False  # resumed from the checkpoint where the run reached eval.target_auc
+        self._locks: List[DirLock] = []  # ownership of the run (and checkpoint) directory, rank 0
 
     @property
     def step(self) -> int:
@@ -227,7 +229,10 @@ class Trainer:
                 setting this device or world cannot run, ``data.global_batch_size`` not a multiple of the world
                 size, fewer training rows than ranks, data kept on the GPU that fills its HBM,
                 ``checkpoint.resume`` naming no checkpoint, or ``none`` where checkpoints are, a checkpoint of
-                another global batch, a ``checkpoint.dir`` that is a file, a sink's directory that cannot be made.
+                another global batch, a ``checkpoint.dir`` that is a file or that saves could not write, a sink's
+                directory that cannot be made; a run directory (or ``checkpoint.dir``) that a live run owns
+                (:mod:`dlrm.rundir`).
+            dlrm.rundir.StorageError: ``config.yaml`` or ``plan.json`` cannot be written for want of space.
             InputError: other bad input, as the subclass that names the file, row or table: a data file
                 (``TsvFormatError``, ``BinaryFormatError``; a directory given as a file), the sharding
                 (``PlanError``), a damaged or mismatched checkpoint (``CheckpointError``).
@@ -243,6 +248,7 @@ class Trainer:
         check_pipeline_device(cfg.pipeline, info.device)  # and the stream-based pipelines
         check_graphed(cfg, info.world_size, info.device)
         self.run_dir = self._agree_run_dir(self.run_dir)
+        self._claim_dirs()  # before anything of the run directory is read, removed or written
         if info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
         # the sinks' own directories now, not after planning; every rank, so none waits on a rank that stopped
@@ -260,6 +266,9 @@ class Trainer:
                     f"config key `{key}`: cannot make {path} ({e.strerror or e}); give a writable path"
                 ) from None
         setup_logging(info.rank, self.run_dir, cfg.logger.verbose)
+        for lock in self._locks:
+            if lock.notice is not None:
+                log.log(*lock.notice)
         self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
         self.mlperf.init_start()
         resolved = (
@@ -438,6 +447,7 @@ class Trainer:
         )
         if self.ckpt.resume(self.state, resume_from):
             self.metrics.advance(self.step)
+            self.metrics.resumed(self.step, resume_from)  # the steps after it that metrics.jsonl holds are replayed
             if self.step >= self.total_steps:  # a relaunch of a finished run: nothing to train, and say so
                 log.warning(
                     "checkpoint %s is at step %d, which is already this run's last (%d: trainer.max_steps / "
@@ -458,9 +468,16 @@ class Trainer:
                     reached,
                 )
         if info.is_main:  # only once the resume checks passed: a refused relaunch leaves the run's files as they were
-            with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as f:
-                f.write(OmegaConf.to_yaml(resolved))
-            save_plan(self.model.plan_info, os.path.join(self.run_dir, "plan.json"))
+            path = os.path.join(self.run_dir, "config.yaml")
+            try:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(OmegaConf.to_yaml(resolved))
+                path = os.path.join(self.run_dir, "plan.json")
+                save_plan(self.model.plan_info, path)
+            except OSError as e:
+                if not is_storage_fault(e):
+                    raise
+                raise storage_error(path, e, None, "free space there, or give hydra.run.dir on a larger disk") from None
         if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
             self._compile_eval_step()
 
@@ -495,6 +512,31 @@ class Trainer:
             self.eval_batch_size,
             time.perf_counter() - t0,
         )
+
+    def _claim_dirs(self) -> None:
+        """Own the run directory (and ``checkpoint.dir`` outside it) for this run (:func:`dlrm.rundir.claim_run`):
+        rank 0 decides and every rank raises its verdict together, so no rank waits on a peer that stopped.
+
+        Raises:
+            ConfigError: a live run owns the directory (naming its host, pid and start time), or it, or a
+                ``checkpoint.dir`` this run would save to, cannot be written.
+        """
+        info = self.info
+        assert info is not None
+        ck = self.cfg.checkpoint
+        verdict: Optional[str] = None
+        if info.is_main:
+            saves = bool(ck.every_n_steps) or ck.save_on_sigterm
+            try:
+                self._locks = claim_run(self.run_dir, checkpoint_root(ck, self.run_dir), saves, os.environ)
+            except ConfigError as e:
+                verdict = str(e)
+        if dist.is_initialized() and info.world_size > 1:
+            box = [verdict]
+            dist.broadcast_object_list(box, src=0)
+            verdict = box[0]
+        if verdict is not None:
+            raise ConfigError(verdict)
 
     def _agree_run_dir(self, run_dir: str) -> str:
         """Use rank 0's run directory everywhere; remove the empty one another rank's Hydra made (its
@@ -769,16 +811,22 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ close
     def close(self) -> None:
         """Shut down in order, on every exit path: the profiler, the loader's background thread, the last async
-        checkpoint write, the metric sinks (the process groups go last, in ``dlrm.dist.shutdown``)."""
+        checkpoint write, the metric sinks, the ownership of the run directory (the process groups go last, in
+        ``dlrm.dist.shutdown``). A failed last async save (a full disk) is raised after the rest is closed."""
         if getattr(self, "profiler", None) is not None:
             self.profiler.close()  # an exception mid-run: stop profiling, drop the hooks
         if getattr(self, "_it", None) is not None:
             self._it.close()  # stops and joins the loader's prefetch thread
             self._it = None
-        if getattr(self, "ckpt", None) is not None:
-            self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
-        if self.metrics is not None:
-            self.metrics.close()
+        try:
+            if getattr(self, "ckpt", None) is not None:
+                self.ckpt.close()  # checkpoint: wait for the last async save to be written and published
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+            for lock in self._locks:  # last: the run's files are complete
+                lock.release()
+            self._locks = []
 
 
 def plan_summary(pi: Any) -> str:

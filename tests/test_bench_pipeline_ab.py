@@ -31,10 +31,10 @@ def test_pipeline_ab_smoke_two_processes(tmp_path: Path) -> None:
 
 
 def test_idle_gaps_splits_host_and_device_waits() -> None:
-    """``pipeline_ab.idle_gaps`` on a hand-made Chrome trace (2 steps, times in us): a gap ended by a kernel
+    """``traces.idle_gaps`` on a hand-made Chrome trace (2 steps, times in us): a gap ended by a kernel
     launched after it began is the host's (blamed on the blocking call inside it, else on the launching frame);
     a gap ended by a kernel queued before it began is a device-side wait; holes under ``min_us`` do not count."""
-    from bench import pipeline_ab as ab
+    from bench import traces
 
     def k(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict:
         return {
@@ -81,7 +81,7 @@ def test_idle_gaps_splits_host_and_device_waits() -> None:
         frame("torch/nn/modules/module.py(1): _call_impl", 55.5, 2),  # module plumbing is skipped
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 70},  # not a complete event
     ]
-    out = ab.idle_gaps({"traceEvents": events}, steps=2)
+    out = traces.idle_gaps({"traceEvents": events}, steps=2)
     assert out["idle_ms_per_step"] == pytest.approx(25 / 2000)
     assert out["host_ms_per_step"] == pytest.approx(20 / 2000)
     assert out["device_ms_per_step"] == pytest.approx(5 / 2000)
@@ -93,7 +93,7 @@ def test_idle_gaps_splits_host_and_device_waits() -> None:
         ("device", "C (stream 9)", pytest.approx(0.0025), 0.5),
     ]
     # CUDA activity only (no Python frames): the host gaps name the kernel the GPU waited for
-    bare = ab.idle_gaps({"traceEvents": [e for e in events if e.get("cat") != "python_function"]}, steps=2)
+    bare = traces.idle_gaps({"traceEvents": [e for e in events if e.get("cat") != "python_function"]}, steps=2)
     assert [label for _, label, _, _ in bare["top"]] == ["cudaStreamSynchronize -> B", "launch -> F", "C (stream 9)"]
     assert bare["idle_ms_per_step"] == out["idle_ms_per_step"]
 

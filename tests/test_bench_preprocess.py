@@ -12,7 +12,7 @@ import pytest
 
 from bench import preprocess as BP
 from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
-from dlrm.data.preprocess import parse_block
+from dlrm.data.preprocess_passes import parse_block
 
 DAYS, ROWS_PER_DAY, WORKERS, CAP = 2, 3000, 2, 1000
 # Criteo 1TB: days 0-22 (MLPerf training samples) plus day 23 (validation + test rows)

@@ -15,8 +15,10 @@ from conftest import REPO, run_gloo
 from dlrm import traffic
 from dlrm.config import DataConfig, InputError, ModelConfig, compose, to_config
 from dlrm.data import binary as B
+from dlrm.data import binary_format as BF
 from dlrm.data import multihot as MH
 from dlrm.data import preprocess as P
+from dlrm.data.prefetch import Prefetcher
 from dlrm.model import FEATURE_NAMES
 
 ROWS = [50, 7, 300, 3, 1000, 3, 20, 11, 63, 50, 90, 40, 10, 22, 19, 155, 4, 97, 14, 50, 400, 50, 59, 13, 108, 36]
@@ -47,7 +49,7 @@ def make_days(n_rows: List[int], seed: int = 0):
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bin")
-    B.write_dataset(str(root), make_days([700, 555, 403]), ROWS)
+    BF.write_dataset(str(root), make_days([700, 555, 403]), ROWS)
     P.multihot(out=str(root), sizes=SIZES, seed=0, materialize=True, workers=1)
     return root
 
@@ -96,7 +98,7 @@ def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
         torch.from_numpy(np.concatenate([d[2][:, 0] for d in days[:2]]).astype(np.float32)),
         "train",
     )
-    meta = B.read_meta(str(ds))
+    meta = BF.read_dataset_meta(str(ds))
     bmh = None if mode == "one_hot" else B.make_multi_hot(str(ds), meta, mode.replace("_on_device", ""), SIZES, 0)
     if mode == "on_the_fly_on_device":
         bmh = bmh.to(torch.device("cpu"))
@@ -158,7 +160,7 @@ def test_batches_equal_in_memory_path(ds: Path, mode: str) -> None:
 
 def test_eval_batches_expanded_by_the_consumer_equal_the_loaders(ds: Path) -> None:
     _, val, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=False, prefetch=2)
-    meta = B.read_meta(str(ds))
+    meta = BF.read_dataset_meta(str(ds))
     host = B.make_multi_hot(str(ds), meta, "on_the_fly", SIZES, 0)
     there = B.make_multi_hot(str(ds), meta, "on_the_fly", SIZES, 0).to(torch.device("cpu"))
     kw = dict(batch_size=64, rank=1, world_size=2, feature_names=FEATURE_NAMES)
@@ -172,7 +174,7 @@ def test_eval_batches_expanded_by_the_consumer_equal_the_loaders(ds: Path) -> No
 
 def test_eval_batches_pad_with_weight_zero_and_cover_each_row_once(ds: Path) -> None:
     _, val, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=True)
-    mh = B.make_multi_hot(str(ds), B.read_meta(str(ds)), "materialized", SIZES, 0)
+    mh = B.make_multi_hot(str(ds), BF.read_dataset_meta(str(ds)), "materialized", SIZES, 0)
     dense_day2 = whole(ds)[2][0]
     seen = []
     counts = []
@@ -202,14 +204,14 @@ def test_truncated_file_names_file_and_row(ds: Path, tmp_path: Path) -> None:
     d = _copy_ds(ds, tmp_path / "d")
     p = d / "day_1_sparse.npy"
     p.write_bytes(p.read_bytes()[: -(26 * 4 * 10 + 5)])
-    with pytest.raises(B.BinaryFormatError, match=r"day_1_sparse.npy: truncated: .* row 544 is the first incomplete"):
+    with pytest.raises(BF.BinaryFormatError, match=r"day_1_sparse.npy: truncated: .* row 544 is the first incomplete"):
         B.load_splits(str(d), ROWS, None, multi_hot_files=False)
 
 
 def test_row_count_mismatch_names_file(ds: Path, tmp_path: Path) -> None:
     d = _copy_ds(ds, tmp_path / "d")
     np.save(d / "day_0_labels.npy", np.zeros((699, 1), np.int32))
-    with pytest.raises(B.BinaryFormatError, match=r"day_0_labels.npy: 699 rows, but meta.json and the other files"):
+    with pytest.raises(BF.BinaryFormatError, match=r"day_0_labels.npy: 699 rows, but meta.json and the other files"):
         B.load_splits(str(d), ROWS, None, multi_hot_files=False)
 
 
@@ -221,7 +223,7 @@ def test_id_outside_table_is_an_error_not_a_remap(ds: Path, tmp_path: Path, valu
     np.save(d / "day_1_sparse.npy", ids)
     train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=False)
     with pytest.raises(
-        B.BinaryFormatError,
+        BF.BinaryFormatError,
         match=rf"day_1_sparse.npy: row 123 \(0-based\), feature C5: id {value} "
         rf"is outside table 4's {ROWS[4]} rows",
     ):
@@ -239,7 +241,7 @@ def test_id_outside_table_is_an_error_not_a_remap(ds: Path, tmp_path: Path, valu
                 seed=0,
             )
         )
-    with pytest.raises(B.BinaryFormatError, match=r"model.num_embeddings_per_feature.*differ"):
+    with pytest.raises(BF.BinaryFormatError, match=r"model.num_embeddings_per_feature.*differ"):
         B.load_splits(str(d), [r + 1 for r in ROWS], None, multi_hot_files=False)
 
 
@@ -249,8 +251,10 @@ def test_bad_materialized_id_names_file(ds: Path, tmp_path: Path) -> None:
     flat[700 * 3 + 5] = 999  # table 1 (7 rows), sample 2
     np.save(d / "day_0_sparse_multi_hot.npy", flat)
     train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=True)
-    mh = B.make_multi_hot(str(d), B.read_meta(str(d)), "materialized", SIZES, 0)
-    with pytest.raises(B.BinaryFormatError, match=r"day_0_sparse_multi_hot.npy: row 2 \(0-based\), feature C2: id 999"):
+    mh = B.make_multi_hot(str(d), BF.read_dataset_meta(str(d)), "materialized", SIZES, 0)
+    with pytest.raises(
+        BF.BinaryFormatError, match=r"day_0_sparse_multi_hot.npy: row 2 \(0-based\), feature C2: id 999"
+    ):
         next(
             iter(
                 D.train_batches(
@@ -271,7 +275,7 @@ def test_bad_materialized_id_names_file(ds: Path, tmp_path: Path) -> None:
 
 def _mat_batches(d: Path, global_batch: int):
     train, _, _ = B.load_splits(str(d), ROWS, None, multi_hot_files=True)
-    mh = B.make_multi_hot(str(d), B.read_meta(str(d)), "materialized", SIZES, 0)
+    mh = B.make_multi_hot(str(d), BF.read_dataset_meta(str(d)), "materialized", SIZES, 0)
     return D.train_batches(
         train,
         global_batch=global_batch,
@@ -313,7 +317,7 @@ def test_bad_materialized_id_in_a_later_chunk_exact_message(ds: Path, tmp_path: 
     np.save(d / "day_1_sparse_multi_hot.npy", flat)
     it = iter(_mat_batches(d, 64))
     assert len([next(it) for _ in range(10)]) == 10  # rows 0-639: all of day 0's before the bad one pass
-    with pytest.raises(B.BinaryFormatError) as e:
+    with pytest.raises(BF.BinaryFormatError) as e:
         next(it)  # rows 640-703: day 0 rows 640-699, day 1 rows 0-3
     assert str(e.value) == (
         f"{d}/day_1_sparse_multi_hot.npy: row 2 (0-based), feature C21: id {value} is outside table 20's 400 rows "
@@ -325,9 +329,9 @@ def test_bad_materialized_id_in_a_later_chunk_exact_message(ds: Path, tmp_path: 
 
 def test_materialized_without_multi_hot_files_is_an_error(ds: Path) -> None:
     train, _, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=False)
-    mh = B.make_multi_hot(str(ds), B.read_meta(str(ds)), "materialized", SIZES, 0)
+    mh = B.make_multi_hot(str(ds), BF.read_dataset_meta(str(ds)), "materialized", SIZES, 0)
     with pytest.raises(
-        B.BinaryFormatError,
+        BF.BinaryFormatError,
         match=r"materialized multi-hot asked for, but the train split was opened "
         r"without its day_\*_sparse_multi_hot.npy files",
     ):
@@ -343,7 +347,7 @@ def test_materialized_source_on_a_dataset_without_it_names_the_key(ds: Path, tmp
     meta["multi_hot"] = None
     (d / "meta.json").write_text(json.dumps(meta))
     data = DataConfig(name="criteo_binary", dataset_dir=str(d), multi_hot_source="materialized")
-    with pytest.raises(B.BinaryFormatError) as e:
+    with pytest.raises(BF.BinaryFormatError) as e:
         D.load_splits(data, ModelConfig(num_embeddings_per_feature=ROWS, row_cap=None), 0)
     assert str(e.value) == (
         f"config key `data.multi_hot_source`: {d} has no materialized multi-hot for sizes {SIZES} seed 0 (meta.json: "
@@ -379,8 +383,8 @@ def test_meta_json_with_a_key_missing_or_malformed_names_it(ds: Path, tmp_path: 
     meta = json.loads((ds / "meta.json").read_text())
     edit(meta)
     (tmp_path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(B.BinaryFormatError) as e:
-        B.read_meta(str(tmp_path))
+    with pytest.raises(BF.BinaryFormatError) as e:
+        BF.read_dataset_meta(str(tmp_path))
     assert str(e.value) == (
         f"{tmp_path / 'meta.json'}: key `{key}` is missing or malformed; re-run data/preprocess_criteo.py --out "
         f"{tmp_path} with the arguments that built it (finished days are kept, meta.json is written again)"
@@ -393,7 +397,7 @@ def test_a_dataset_of_one_day_names_meta_json_and_the_fix(ds: Path, tmp_path: Pa
     meta = json.loads((ds / "meta.json").read_text())
     meta["days"] = meta["days"][:1]
     (tmp_path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(B.BinaryFormatError) as e:
+    with pytest.raises(BF.BinaryFormatError) as e:
         B.load_splits(str(tmp_path), ROWS, None, multi_hot_files=False)
     assert str(e.value) == (
         f"{tmp_path / 'meta.json'} lists 1 day(s); the splits need training days and one evaluation day (the last): "
@@ -427,8 +431,8 @@ def test_damaged_expansion_tables_name_the_file_and_the_fix(ds: Path, tmp_path: 
         t4 = tables / "tables.json"
         what = r"unreadable or incomplete \(KeyError: 'seed'\)"
     fix = f"; delete {tables} and rebuild it with `python data/preprocess_criteo.py multihot --out {d} --mode tables`"
-    with pytest.raises(B.BinaryFormatError) as e:
-        B.make_multi_hot(str(d), B.read_meta(str(d)), "on_the_fly", SIZES, 0)
+    with pytest.raises(BF.BinaryFormatError) as e:
+        B.make_multi_hot(str(d), BF.read_dataset_meta(str(d)), "on_the_fly", SIZES, 0)
     assert re.fullmatch(re.escape(f"{t4}: ") + what + re.escape(fix), str(e.value)), str(e.value)
 
 
@@ -437,11 +441,11 @@ def test_prefetcher_forwards_errors_and_stops() -> None:
         yield 1
         raise RuntimeError("boom at item 2")
 
-    it = iter(B.Prefetcher(gen(), 2))
+    it = iter(Prefetcher(gen(), 2))
     assert next(it) == 1
     with pytest.raises(RuntimeError, match="boom at item 2"):
         next(it)
-    p = B.Prefetcher(iter(range(10**9)), 2)
+    p = Prefetcher(iter(range(10**9)), 2)
     it = iter(p)
     assert [next(it) for _ in range(3)] == [0, 1, 2]
     it.close()
@@ -524,21 +528,21 @@ def test_trainer_on_binary_equals_trainer_on_tsv(tmp_path: Path) -> None:
 
 def test_binary_format_error_is_an_input_error() -> None:
     """A subclass of InputError, which dlrm/cli.py prints as one ``error:`` line with exit 2."""
-    assert issubclass(B.BinaryFormatError, InputError)
+    assert issubclass(BF.BinaryFormatError, InputError)
 
 
 def test_dataset_dir_that_is_a_file_or_missing_names_the_key(ds: Path, tmp_path: Path) -> None:
-    with pytest.raises(B.BinaryFormatError) as e:
-        B.read_meta(str(ds / "meta.json"))
+    with pytest.raises(BF.BinaryFormatError) as e:
+        BF.read_dataset_meta(str(ds / "meta.json"))
     assert str(e.value) == (
         f"config key `data.dataset_dir`: {str(ds / 'meta.json')!r} is a file, not a directory; "
         f"pass data.dataset_dir={ds}"
     )
-    with pytest.raises(B.BinaryFormatError, match=r"config key `data.dataset_dir`: no such directory '.*nope' "):
-        B.read_meta(str(tmp_path / "nope"))
+    with pytest.raises(BF.BinaryFormatError, match=r"config key `data.dataset_dir`: no such directory '.*nope' "):
+        BF.read_dataset_meta(str(tmp_path / "nope"))
     (tmp_path / "meta.json").write_text("{not json")
-    with pytest.raises(B.BinaryFormatError, match=r"meta.json: not valid JSON \("):
-        B.read_meta(str(tmp_path))
+    with pytest.raises(BF.BinaryFormatError, match=r"meta.json: not valid JSON \("):
+        BF.read_dataset_meta(str(tmp_path))
 
 
 @pytest.mark.parametrize("max_rows", [300, 750])
@@ -606,7 +610,7 @@ def test_resumed_binary_batches_continue_where_the_checkpoint_stopped(ds: Path) 
     """``start_step`` (a resumed run's step count) skips that many batches: the binary loader then yields the
     same batches as the tail of an uninterrupted pass, as the in-memory sources do."""
     train, _, _ = B.load_splits(str(ds), ROWS, None, multi_hot_files=False)
-    mh = B.make_multi_hot(str(ds), B.read_meta(str(ds)), "on_the_fly", SIZES, 0)
+    mh = B.make_multi_hot(str(ds), BF.read_dataset_meta(str(ds)), "on_the_fly", SIZES, 0)
     kw = dict(
         global_batch=100,
         rank=1,

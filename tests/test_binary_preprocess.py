@@ -17,8 +17,9 @@ import pytest
 
 from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
 from dlrm.config import MLPERF_NUM_EMBEDDINGS
-from dlrm.data import binary as B
+from dlrm.data import binary_format as BF
 from dlrm.data import preprocess as P
+from dlrm.data import preprocess_passes as PP
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
 
 ROWS = [
@@ -190,8 +191,8 @@ def test_truncated_day_file_is_rebuilt_by_following_the_message(
     convert(out, days3[:2])
     good = (out / f"day_1_{kind}.npy").read_bytes()
     (out / f"day_1_{kind}.npy").write_bytes(good[:200])
-    with pytest.raises(B.BinaryFormatError) as e:
-        B.open_npy(str(out / f"day_1_{kind}.npy"), *((np.float32, 13) if kind == "dense" else (np.int32, 26)))
+    with pytest.raises(BF.BinaryFormatError) as e:
+        BF.open_npy(str(out / f"day_1_{kind}.npy"), *((np.float32, 13) if kind == "dense" else (np.int32, 26)))
     assert str(e.value).endswith(
         f"delete {out / f'day_1.{marker}.json'} and re-run data/preprocess_criteo.py "
         "(it redoes only that pass of day 1)"
@@ -206,7 +207,7 @@ def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_p
     """A re-run with the same table sizes keeps the materialized multi-hot as it is; one into other sizes (the same
     rows per day, other ids) drops its record and deletes its days, and materializing again gives the bags of the
     new ids from the expansion tables of the new sizes."""
-    from dlrm.data import binary as B
+    from dlrm.data import binary_format as BF
     from dlrm.data import multihot as MH
 
     out, sizes = tmp_path / "out", [2, 3] * 13
@@ -230,7 +231,7 @@ def test_re_preprocessing_into_other_table_sizes_drops_the_stale_multi_hot(tmp_p
     with pytest.raises(P.PreprocessError, match=r"holds a dataset built with other options \(table rows were"):
         P.preprocess(**other)
     meta = P.preprocess(**other, overwrite=True)
-    assert meta["multi_hot"] is None and B.read_meta(str(out))["multi_hot"] is None
+    assert meta["multi_hot"] is None and BF.read_dataset_meta(str(out))["multi_hot"] is None
     assert not list(out.glob("day_*_sparse_multi_hot.npy")) and not list(out.glob("day_*.multihot.json"))
     assert P.verify(str(out)) == []
     P.multihot(out=str(out), sizes=sizes, seed=0, materialize=True, workers=1)
@@ -370,8 +371,8 @@ def test_unusual_but_valid_lines_follow_criteo_tsv_rules(tmp_path: Path) -> None
 
 def test_fast_parser_equals_line_parser(days3: List[Path]) -> None:
     buf = days3[0].read_bytes()
-    fast = P.parse_block(buf)
-    slow = P.parse_block_slow(buf, "x", 1, {})
+    fast = PP.parse_block(buf)
+    slow = PP.parse_block_slow(buf, "x", 1, {})
     assert fast is not None
     for a, b in zip(fast, slow):
         np.testing.assert_array_equal(a, b)
@@ -382,7 +383,7 @@ def test_fast_parser_equals_line_parser(days3: List[Path]) -> None:
 def test_real_samples_parse_like_read_tsv(tmp_path: Path) -> None:
     for path in (KAGGLE_SAMPLE, TB_SAMPLE):
         buf = path.read_bytes()
-        fast = P.parse_block(buf)
+        fast = PP.parse_block(buf)
         assert fast is not None, "the fast path should take real Criteo lines"
         ref = read_tsv(str(path))
         np.testing.assert_array_equal(fast[0], ref.labels)

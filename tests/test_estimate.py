@@ -98,7 +98,7 @@ def test_estimate_uses_the_configured_epoch(tmp_path, capsys: pytest.CaptureFixt
     a dataset hashed into other table rows is refused before planning, as the trainer refuses it."""
     import numpy as np
 
-    from dlrm.data import binary as B
+    from dlrm.data import binary_format as B
 
     assert main([*SMALL, "--estimate", "--step-ms", "5", "data.num_train_samples=100000"]) == 0
     out = capsys.readouterr().out

@@ -1,5 +1,6 @@
-"""Packaging: the Dockerfile's pins agree with pyproject.toml and requirements.txt, and ``pip install -e .`` gives a
-``dlrm-train`` console script that trains like train.py from any directory.
+"""Packaging: ``make venv`` installs each stack (CPU, ``STACK=gpu``) in its order, the Dockerfile's pins agree with
+the Makefile's, pyproject.toml's and requirements.txt's, and ``pip install -e .`` gives a ``dlrm-train`` console
+script that trains like train.py from any directory.
 
     .venv/bin/python -m pytest tests/test_launch_packaging.py -q
 """
@@ -10,7 +11,7 @@ import site
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import tomllib
 
@@ -34,13 +35,69 @@ def _pins(lines) -> Dict[str, str]:
     return out
 
 
-def test_dockerfile_pins_the_gpu_extra() -> None:
-    gpu = _pins(PYPROJECT["project"]["optional-dependencies"]["gpu"])
+def _make_steps(tmp_path: Path, *args: str) -> List[str]:
+    """The pip arguments of ``make -n venv <args>`` in order (a dry run: nothing is installed)."""
+    p = subprocess.run(
+        ["make", "-n", "-C", str(REPO), "venv", f"VENV={tmp_path / 'venv'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return [line.split(" install -q ", 1)[1].strip() for line in p.stdout.splitlines() if " -m pip " in line]
+
+
+def test_make_venv_installs_each_stack_in_order(tmp_path: Path) -> None:
+    """torch, its FBGEMM build, the pure-Python pins, then torchrec without its declared dependencies; the GPU
+    stack's wheels from the Dockerfile's CUDA index, at the Dockerfile's and the `gpu` extra's pins."""
+    cpu = _make_steps(tmp_path)
+    assert cpu == ["torch==2.13.0", "fbgemm-gpu-cpu==1.8.0", "-r requirements.txt", "--no-deps torchrec==1.8.0"]
+    assert _make_steps(tmp_path, "STACK=cpu") == cpu
+    index = re.search(r"ARG TORCH_INDEX_URL=(\S+)", DOCKERFILE).group(1)
+    docker = dict(re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)", DOCKERFILE))
+    gpu = _make_steps(tmp_path, "STACK=gpu")
+    assert gpu == [
+        f"torch=={docker['torch']} --index-url {index}",
+        f"fbgemm-gpu=={docker['fbgemm-gpu']} --index-url {index}",
+        "-r requirements.txt",
+        f"--no-deps torchrec=={docker['torchrec']}",
+    ]
+    assert "pip install --no-deps torchrec==" in DOCKERFILE
+    extra = _pins(PYPROJECT["project"]["optional-dependencies"]["gpu"])
+    assert extra == {"torch": docker["torch"], "fbgemm-gpu": docker["fbgemm-gpu"]}
+    # the interpreter running this test has one of the two stacks, at its pins
+    from importlib.metadata import version
+
+    got = [version(p).split("+")[0] for p in ("torch", "torchrec")]
+    assert got in (["2.13.0", "1.8.0"], [docker["torch"], docker["torchrec"]])
+    readme = (REPO / "README.md").read_text()
+    assert "make venv STACK=gpu" in readme and "make train STACK=gpu" in readme
+
+
+def test_make_refuses_to_mix_stacks_in_one_venv(tmp_path: Path) -> None:
+    """A venv holding one stack is not overlaid with the other (two FBGEMM builds, two torch builds): exit 2 and
+    one error line before pip runs; an unknown STACK is refused too."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed").touch()  # what `make venv` (the CPU stack) leaves
+    p = subprocess.run(
+        ["make", "-C", str(REPO), "venv", "STACK=gpu", f"VENV={venv}"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2
+    assert f"error: {venv} holds the CPU stack, not STACK=gpu: run make clean first" in p.stderr
+    assert not (venv / "bin").exists() and not (venv / ".installed-gpu").exists()
+    (venv / ".installed").unlink()
+    (venv / ".installed-gpu").touch()
+    p = subprocess.run(["make", "-C", str(REPO), "venv", f"VENV={venv}"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"error: {venv} holds the GPU stack, not STACK=cpu" in p.stderr
+    assert not (venv / "bin").exists() and not (venv / ".installed").exists()
+    p = subprocess.run(["make", "-C", str(REPO), "-n", "venv", "STACK=cuda"], capture_output=True, text=True)
+    assert p.returncode == 2 and "STACK=cuda: use STACK=cpu (the default) or STACK=gpu" in p.stderr
+
+
+def test_dockerfile_pins_the_gpu_stack() -> None:
+    gpu = dict(re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)", DOCKERFILE))
     assert set(gpu) == {"torch", "fbgemm-gpu", "torchrec"}
-    installed = {
-        _norm(n): v for n, v in re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)", DOCKERFILE)
-    }
-    assert installed == gpu
     asserted = re.search(r"assert got == \('([\w.]+)', '([\w.]+)', '([\w.]+)'\)", DOCKERFILE)
     assert asserted and asserted.groups() == (gpu["torch"], gpu["fbgemm-gpu"], gpu["torchrec"])
     # the CUDA build of the wheels matches the base image's CUDA: cu130 <-> nvidia/cuda:13.0.x

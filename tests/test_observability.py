@@ -258,7 +258,7 @@ def test_mlperf_recipe_at_toy_size_passes_the_compliance_checker(tmp_path: Path)
     import numpy as np
 
     from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS
-    from dlrm.data import binary as B
+    from dlrm.data import binary_format as BF
     from dlrm.data import preprocess as P
 
     root, run_dir = tmp_path / "criteo_bin", tmp_path / "run"
@@ -270,7 +270,7 @@ def test_mlperf_recipe_at_toy_size_passes_the_compliance_checker(tmp_path: Path)
         days.append(
             (np.log1p(g.exponential(20.0, (n, 13))).astype(np.float32), ids, (g.random(n) < 0.25).astype(np.int32))
         )
-    B.write_dataset(str(root), days, rows)
+    BF.write_dataset(str(root), days, rows)
     P.multihot(out=str(root), sizes=MLPERF_MULTI_HOT_SIZES, seed=0, materialize=True, workers=1)
     p = run(
         [
@@ -534,7 +534,7 @@ def test_auc_of_a_one_class_split_is_undefined_with_the_reason(tmp_path: Path, c
 
 def test_relaunch_after_the_target_auc_is_a_no_op(tmp_path: Path) -> None:
     """A run that stopped at eval.target_auc, relaunched: nothing is trained and no checkpoint is added, as after
-    trainer.max_steps; with a higher target it trains on."""
+    trainer.max_steps (metrics.jsonl gains only the resume marker); with a higher target it trains on."""
     from dlrm.trainer import Trainer
 
     base = [
@@ -562,7 +562,9 @@ def test_relaunch_after_the_target_auc_is_a_no_op(tmp_path: Path) -> None:
     kept = (tmp_path / "metrics.jsonl").read_text()
     again = fit([])
     assert again.step == stop and again.target_met_before
-    assert (tmp_path / "metrics.jsonl").read_text() == kept
+    now = (tmp_path / "metrics.jsonl").read_text()
+    added = [json.loads(line) for line in now[len(kept) :].splitlines()]
+    assert now.startswith(kept) and [(r["event"], r["step"], r["superseded"]) for r in added] == [("resume", stop, 0)]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == [f"step_{stop}"]
     higher = fit(["eval.target_auc=0.99", "trainer.max_steps=" + str(stop + 2)])
     assert higher.step == stop + 2 and not higher.target_met_before

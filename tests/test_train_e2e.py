@@ -213,7 +213,7 @@ def test_two_rank_trainer_exits_cleanly_under_load(tmp_path: Path) -> None:
     import numpy as np
 
     from dlrm.config import compose, to_config
-    from dlrm.data import binary as B
+    from dlrm.data import binary_format as BF
 
     rows = to_config(compose(["model.row_cap=100"])).model.table_rows
     g = np.random.default_rng(0)
@@ -225,7 +225,7 @@ def test_two_rank_trainer_exits_cleanly_under_load(tmp_path: Path) -> None:
         )
         for n in (1024, 256)
     ]
-    B.write_dataset(str(tmp_path / "bin"), days, rows)
+    BF.write_dataset(str(tmp_path / "bin"), days, rows)
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         for i in range(2):

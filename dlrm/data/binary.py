@@ -1,18 +1,6 @@
-"""The preprocessed Criteo binary format and its memory-mapped loader (``data=criteo_binary``).
+"""The memory-mapped loader of the preprocessed Criteo binary format (``data=criteo_binary``).
 
-On-disk layout (one directory; MLPerf / torchrec ``tsv_to_npys`` per-day files, readable by ``np.load``)::
-
-    meta.json                         format, days and rows, table sizes, dense transform and its m, splits, sha256s
-    day_{d}_dense.npy                 float32 [N_d, 13]  transformed dense features
-    day_{d}_sparse.npy                int32   [N_d, 26]  1-hot ids, already hashed: 0 <= id < table_rows[t]
-    day_{d}_labels.npy                int32   [N_d, 1]   0 or 1
-    day_{d}_sparse_multi_hot.npy      int32   [N_d * 214] optional materialized multi-hot, feature-major per day:
-                                      table t's [N_d, m_t] block starts at N_d * sum(m_0..m_{t-1})
-    multi_hot_tables/table_XX.npy     int32   [rows_t, m_t] optional expansion tables for on-the-fly multi-hot
-
-Splits (MLPerf, torchrec ``InMemoryBinaryCriteoIterDataPipe``): the last day in ``meta.json`` is the evaluation
-day (MLPerf: day 23); train = every other day (days 0-22), validation = its first ``ceil(N/2)`` rows, test = the
-rest (89,137,319 validation samples for day 23).
+The format (files, ``meta.json``, the MLPerf split rule) is :mod:`dlrm.data.binary_format`'s.
 
 Loader: every batch is a contiguous row range (rank ``r`` takes the ``r``-th block of global batch ``i``, as
 :mod:`dlrm.data` lays out in-memory splits), read from the memory maps with vectorised copies (``np.copyto`` /
@@ -20,277 +8,45 @@ Loader: every batch is a contiguous row range (rank ``r`` takes the ``r``-th blo
 lengths and offsets are constants of the batch size. Materialized multi-hot batches read dense, labels and the
 26 multi-hot sections only (each bag already holds the sample's 1-hot id, so the 1-hot file is not read), and
 range-check each 1 MB piece of ids right after copying it, while it is in cache. A background thread keeps
-``data.prefetch`` batches ready. Why our own loader rather than torchrec's ``InMemoryBinaryCriteoIterDataPipe``:
-that one loads whole days into RAM (hundreds of GB for 1TB) and builds no multi-hot.
+``data.prefetch`` batches ready (:mod:`dlrm.data.prefetch`). Why our own loader rather than torchrec's
+``InMemoryBinaryCriteoIterDataPipe``: that one loads whole days into RAM (hundreds of GB for 1TB) and builds no
+multi-hot.
 
-Bad files raise :class:`BinaryFormatError` naming the file and row: truncated files, row counts that differ
-between dense, sparse and labels, ids at or above their table size (never remapped). Every id a batch uses is
-checked when that batch is read (the multi-hot file's ids with materialized multi-hot, the 1-hot file's
-otherwise), so a bad id stops training at the first batch holding it.
+Bad files raise :class:`~dlrm.data.binary_format.BinaryFormatError` naming the file and row: truncated files, row
+counts that differ between dense, sparse and labels, ids at or above their table size (never remapped). Every id a
+batch uses is checked when that batch is read (the multi-hot file's ids with materialized multi-hot, the 1-hot
+file's otherwise), so a bad id stops training at the first batch holding it.
 
 Benchmark: ``python bench/loader.py --rows 10000000``.
 """
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import json
 import os
-import queue
-import re
-import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.config import InputError
-from dlrm.data import eval_spans
 from dlrm.data import multihot as mh_mod
-
-FORMAT = "dlrm-criteo-binary"
-VERSION = 1
-NUM_DENSE = 13
-NUM_SPARSE = 26
-META = "meta.json"
-HEADER_BYTES = 128  # fixed .npy header size, so a streamed file's header can be rewritten in place
-
-
-class BinaryFormatError(InputError):
-    """A preprocessed dataset is missing, inconsistent or corrupt; the message names the file, row and fix."""
-
-
-def day_file(root: str, day: int, kind: str) -> str:
-    """Path of ``day_{day}_{kind}.npy`` (kind: dense, sparse, labels, sparse_multi_hot, dense_raw)."""
-    return os.path.join(root, f"day_{day}_{kind}.npy")
-
-
-# which pass of data/preprocess_criteo.py writes a day file, i.e. the marker (``day_{d}.{pass}.json``) that makes
-# a re-run skip it
-_PASS_OF = {
-    "dense": "dense",
-    "sparse": "parse",
-    "labels": "parse",
-    "dense_raw": "parse",
-    "sparse_multi_hot": "multihot",
-}
-
-
-def redo_hint(path: str) -> str:
-    """How to rebuild the day file at ``path``: the re-run skips a day whose marker is present, so name the marker
-    to delete first (falls back to a plain re-run for names outside the ``day_{d}_{kind}.npy`` pattern)."""
-    m = re.fullmatch(r"day_(\d+)_(\w+)\.npy", os.path.basename(path))
-    if not m or m.group(2) not in _PASS_OF:
-        return "re-run data/preprocess_criteo.py"
-    marker = os.path.join(os.path.dirname(path), f"day_{m.group(1)}.{_PASS_OF[m.group(2)]}.json")
-    cmd = (
-        "data/preprocess_criteo.py multihot --mode materialize"
-        if m.group(2) == "sparse_multi_hot"
-        else ("data/preprocess_criteo.py")
-    )
-    return f"delete {marker} and re-run {cmd} (it redoes only that pass of day {m.group(1)})"
-
-
-# ------------------------------------------------------------------------------------------- .npy streaming
-def _header(dtype: np.dtype, shape: Tuple[int, ...]) -> bytes:
-    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
-    body = repr(d).encode("latin1")
-    pad = HEADER_BYTES - 10 - len(body) - 1
-    if pad < 0:
-        raise ValueError(f"shape {shape} does not fit a {HEADER_BYTES}-byte .npy header")
-    return b"\x93NUMPY\x01\x00" + (HEADER_BYTES - 10).to_bytes(2, "little") + body + b" " * pad + b"\n"
-
-
-class NpyWriter:
-    """Append rows to a ``.npy`` file whose row count is unknown until the end (bounded memory).
-
-    Writes ``path + '.partial'`` with a placeholder header; :meth:`close` rewrites the header with the real row
-    count and returns it. The caller renames the file once the whole day is done (resumability).
-    """
-
-    def __init__(self, path: str, dtype: Any, cols: Optional[int]) -> None:
-        self.path, self.dtype, self.cols, self.rows = path, np.dtype(dtype), cols, 0
-        self.f = open(path + ".partial", "wb")
-        self.f.write(_header(self.dtype, (0,) if cols is None else (0, cols)))
-
-    def append(self, arr: np.ndarray) -> None:
-        """Write the rows of ``arr`` (``[n, cols]``, or ``[n]`` when ``cols`` is None; not checked), converted to
-        the writer's dtype in C order."""
-        arr = np.ascontiguousarray(arr, dtype=self.dtype)
-        self.f.write(arr.data)
-        self.rows += arr.shape[0]
-
-    def close(self) -> int:
-        """Rewrite the header with the row count, close the file (still ``path + '.partial'``) and return the
-        count."""
-        self.f.seek(0)
-        self.f.write(_header(self.dtype, (self.rows,) if self.cols is None else (self.rows, self.cols)))
-        self.f.close()
-        return self.rows
-
-
-def sha256_file(path: str) -> str:
-    """Hex SHA-256 of the file at ``path``, read in 16 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(1 << 24)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
-
-
-def open_npy(path: str, dtype: Any, cols: Optional[int], rows: Optional[int] = None) -> np.ndarray:
-    """Memory-map a ``.npy`` file after checking dtype, columns, row count and that the file is complete.
-
-    Raises:
-        BinaryFormatError: missing file, wrong dtype/shape, truncated data (names the first incomplete row), or a
-            row count other than ``rows``.
-    """
-    if not os.path.isfile(path):
-        raise BinaryFormatError(f"{path}: missing; {redo_hint(path)}")
-    with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            shape, fortran, dt = (
-                np.lib.format.read_array_header_1_0(f) if version == (1, 0) else np.lib.format.read_array_header_2_0(f)
-            )
-        except ValueError as e:
-            raise BinaryFormatError(f"{path}: not a .npy file ({e}); {redo_hint(path)}") from None
-        offset = f.tell()
-    want = (cols,) if cols is not None else ()
-    if dt != np.dtype(dtype) or fortran or tuple(shape[1:]) != want:
-        raise BinaryFormatError(
-            f"{path}: {dt} {shape}, expected {np.dtype(dtype)} [N{', ' + str(cols) if cols else ''}]"
-            "; the file is not from data/preprocess_criteo.py"
-        )
-    row_bytes = dt.itemsize * (cols or 1)
-    have = os.path.getsize(path) - offset
-    if have < shape[0] * row_bytes:
-        raise BinaryFormatError(
-            f"{path}: truncated: {have} data bytes for {shape[0]} rows of {row_bytes} bytes; row {have // row_bytes} "
-            f"is the first incomplete one: {redo_hint(path)}"
-        )
-    if rows is not None and shape[0] != rows:
-        raise BinaryFormatError(
-            f"{path}: {shape[0]} rows, but {META} and the other files of this day have {rows}; "
-            f"the day's files come from different runs: {redo_hint(path)}"
-        )
-    if shape[0] == 0:
-        return np.zeros(shape, dtype=dt)
-    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=tuple(shape))
-
-
-# -------------------------------------------------------------------------------------------------- meta
-def read_meta(root: str, config_key: str = "data.dataset_dir") -> Dict[str, Any]:
-    """The dataset's ``meta.json``; ``config_key`` is what named ``root``: a config key, or a command-line flag
-    (``--out``).
-
-    Raises:
-        BinaryFormatError: ``root`` is not a directory, has no ``meta.json``, or one that is not JSON, not of this
-            format and version, or lacks a key the loader reads (``days``: a non-empty list of ``{day, rows,
-            files}``; ``table_rows``: 26 positive ints; ``multi_hot``: null or ``{sizes, seed, materialized}``).
-    """
-    path = os.path.join(root, META)
-    flag = config_key.startswith("-")
-    where, give = (config_key, f"{config_key} ") if flag else (f"config key `{config_key}`", f"{config_key}=")
-    if os.path.isfile(root):
-        fix = (os.path.dirname(root) or ".") if os.path.basename(root) == META else "<the directory holding meta.json>"
-        raise BinaryFormatError(f"{where}: {root!r} is a file, not a directory; pass {give}{fix}")
-    if not os.path.isdir(root):
-        raise BinaryFormatError(
-            f"{where}: no such directory {root!r} (cwd {os.getcwd()}); pass "
-            f"{give}<the directory data/preprocess_criteo.py wrote, holding meta.json>"
-        )
-    if not os.path.isfile(path):
-        raise BinaryFormatError(
-            f"{where}: {root!r} has no {META}; build the dataset with "
-            "`python data/preprocess_criteo.py --layout terabyte --input-dir <day files> "
-            f"--out {root}`"
-        )
-    with open(path, encoding="utf-8") as f:
-        try:
-            meta = json.load(f)
-        except ValueError as e:
-            raise BinaryFormatError(
-                f"{path}: not valid JSON ({e}); re-run data/preprocess_criteo.py to rewrite it"
-            ) from None
-    if not isinstance(meta, dict):
-        meta = {}
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise BinaryFormatError(
-            f"{path}: format {meta.get('format')!r} v{meta.get('version')}, expected {FORMAT!r} "
-            f"v{VERSION}; rebuild with data/preprocess_criteo.py"
-        )
-    bad = _malformed_key(meta)
-    if bad is not None:
-        raise BinaryFormatError(
-            f"{path}: key `{bad}` is missing or malformed; re-run data/preprocess_criteo.py --out {root} with the "
-            "arguments that built it (finished days are kept, meta.json is written again)"
-        )
-    return meta
-
-
-def _is_count(x: Any, least: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= least
-
-
-def _malformed_key(meta: Dict[str, Any]) -> Optional[str]:
-    """The first key of a ``meta.json`` that the loader reads and that is missing or of the wrong type, or None."""
-    days = meta.get("days")
-    if not isinstance(days, list) or not days:
-        return "days"
-    for i, d in enumerate(days):
-        if not (isinstance(d, dict) and _is_count(d.get("day"), 0) and _is_count(d.get("rows"), 0)):
-            return f"days[{i}]"
-        files = d.get("files")
-        if not isinstance(files, dict) or any(
-            f"day_{d['day']}_{kind}.npy" not in files for kind in ("dense", "sparse", "labels")
-        ):
-            return f"days[{i}].files"
-    rows = meta.get("table_rows")
-    if not (isinstance(rows, list) and len(rows) == NUM_SPARSE and all(_is_count(r, 1) for r in rows)):
-        return "table_rows"
-    if "multi_hot" not in meta:
-        return "multi_hot"
-    mh = meta["multi_hot"]
-    if mh is not None and not (
-        isinstance(mh, dict)
-        and isinstance(mh.get("sizes"), list)
-        and len(mh["sizes"]) == NUM_SPARSE
-        and all(_is_count(m, 1) for m in mh["sizes"])
-        and _is_count(mh.get("seed"), 0)
-        and isinstance(mh.get("materialized"), bool)
-    ):
-        return "multi_hot"
-    return None
-
-
-def split_ranges(meta: Dict[str, Any], root: str = ".") -> Dict[str, List[Tuple[int, int, int]]]:
-    """``{train, val, test}`` -> list of ``(day, first_row, stop_row)``: the last day evaluates (its first
-    ``ceil(N/2)`` rows validate, the rest test), every other day trains (MLPerf: days 0-22 / 23).
-
-    Raises:
-        BinaryFormatError: ``meta`` (the ``meta.json`` of ``root``) lists fewer than two days.
-    """
-    days = meta["days"]
-    if len(days) < 2:
-        raise BinaryFormatError(
-            f"{os.path.join(root, META)} lists {len(days)} day(s); the splits need training days and one "
-            "evaluation day (the last): preprocess at least two days (e.g. --days 0-1)"
-        )
-    ev = days[-1]
-    half = (ev["rows"] + 1) // 2
-    return {
-        "train": [(d["day"], 0, d["rows"]) for d in days[:-1]],
-        "val": [(ev["day"], 0, half)],
-        "test": [(ev["day"], half, ev["rows"])],
-    }
+from dlrm.data.binary_format import (
+    META,
+    NUM_DENSE,
+    NUM_SPARSE,
+    BinaryFormatError,
+    day_file,
+    open_npy,
+    read_dataset_meta,
+    redo_hint,
+    split_ranges,
+)
+from dlrm.data.layout import eval_spans
+from dlrm.data.prefetch import expanded, prefetched
+from dlrm.data.source import EvalRequest, TrainRequest
 
 
 # ------------------------------------------------------------------------------------------------- split
@@ -314,9 +70,8 @@ class _Piece:
 class BinarySplit:
     """A split of a preprocessed dataset: a concatenation of row ranges of day files, memory-mapped.
 
-    Quacks like :class:`dlrm.data.Split` where the trainer needs it (``len``, ``name``, ``source``,
-    ``describe_rows``); :func:`dlrm.data.train_batches` / ``eval_batches`` hand it to :func:`train_batches` /
-    :func:`eval_batches` here.
+    Implements :class:`dlrm.data.source.Source`: its batches are read by a :class:`BatchReader`, :attr:`prefetch`
+    of them ahead (``data.prefetch``), in pinned memory per :attr:`pin_memory` (``data.pin_memory``).
     """
 
     def __init__(
@@ -386,6 +141,44 @@ class BinarySplit:
         """Where split rows ``[start, stop)`` are, e.g. ``/data/bin day_3 rows 100-163`` (0-based file rows)."""
         parts = [f"day_{p.day} rows {lo}-{lo + n - 1}" for p, lo, n, _ in self.locate(start, stop)]
         return f"{self.root} " + ", ".join(parts)
+
+    def train_batches(self, req: TrainRequest) -> Iterator[Batch]:
+        """:meth:`dlrm.data.source.Source.train_batches`, :attr:`prefetch` batches ahead. Rows are read in file
+        order: ``data.shuffle`` is refused for this source at config time (MLPerf: no shuffling), so
+        ``req.shuffle`` and ``req.seed`` are unused."""
+        reader = BatchReader(self, req.feature_names, req.multi_hot, self.pin_memory)
+
+        def gen() -> Iterator[Batch]:
+            step = 0
+            for _ in range(req.epochs):
+                for start, size in req.plan:
+                    if req.max_steps is not None and step >= req.max_steps:
+                        return
+                    if step >= req.start_step:
+                        yield reader.read(start + req.rank * size, start + (req.rank + 1) * size)
+                    step += 1
+
+        it = prefetched(gen(), self.prefetch)
+        return expanded(reader.expand, it) if reader.on_device else it
+
+    def eval_batches(self, req: EvalRequest) -> Iterator[Tuple[Batch, torch.Tensor]]:
+        """:meth:`dlrm.data.source.Source.eval_batches`, :attr:`prefetch` batches ahead."""
+        reader = BatchReader(self, req.feature_names, req.multi_hot, self.pin_memory)
+        batch_size, spans = eval_spans(len(self), req.batch_size, req.rank, req.world_size)
+
+        def gen() -> Iterator[Tuple[Batch, torch.Tensor]]:
+            for start, real in spans:
+                weight = torch.zeros(batch_size)
+                weight[:real] = 1.0
+                if real == 0:
+                    yield reader.read(0, 0, pad_to=batch_size), weight
+                else:
+                    yield reader.read(start, start + real, pad_to=batch_size), weight
+
+        it = prefetched(gen(), self.prefetch)
+        if not reader.on_device:
+            return it
+        return expanded(lambda bw: (reader.expand(bw[0]), bw[1]), it)
 
 
 # --------------------------------------------------------------------------------------------- multi-hot
@@ -713,139 +506,6 @@ class BatchReader:
         )
 
 
-class Prefetcher:
-    """Run an iterator in a background thread, ``depth`` items ahead; exceptions surface in the consumer.
-
-    The thread stops when the consumer stops iterating (generator closed or garbage-collected) or on
-    :meth:`close`.
-    """
-
-    _DONE = object()
-
-    def __init__(self, it: Iterator[Any], depth: int) -> None:
-        self.q: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, depth))
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(it,), daemon=True, name="dlrm-prefetch")
-        self.thread.start()
-
-    def _run(self, it: Iterator[Any]) -> None:
-        try:
-            for item in it:
-                self._put(item)
-                if self.stop.is_set():
-                    return
-            self._put(self._DONE)
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            self._put(e)
-
-    def _put(self, item: Any) -> None:
-        while not self.stop.is_set():
-            try:
-                self.q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            while True:
-                item = self.q.get()
-                if item is self._DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stop the thread and wait for it (it checks between batches): no thread may still be building a batch
-        with torch while the interpreter shuts down."""
-        self.stop.set()
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=30)
-
-
-def _prefetched(gen: Iterator[Any], depth: int) -> Iterator[Any]:
-    return iter(Prefetcher(gen, depth)) if depth > 0 else gen
-
-
-def _expanded(fn: Callable[[Any], Any], it: Iterator[Any]) -> Iterator[Any]:
-    """``fn`` of each of ``it``'s items, in the consuming thread: the device work of
-    :meth:`BatchReader.expand` queues on that thread's current stream, in order with the training step. Closing
-    this closes ``it`` (a prefetching source stops its thread)."""
-    try:
-        for item in it:
-            yield fn(item)
-    finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-
-
-def train_batches(
-    split: BinarySplit,
-    *,
-    plan: Sequence[Tuple[int, int]],
-    rank: int,
-    epochs: int,
-    max_steps: Optional[int],
-    feature_names: Sequence[str],
-    multi_hot: Optional[BinaryMultiHot],
-    prefetch: int = 2,
-    pin_memory: Optional[bool] = None,
-    start_step: int = 0,
-) -> Iterator[Batch]:
-    """This rank's training batches: for each ``(start, size)`` of ``plan`` (``dlrm.data.train_plan``), rows
-    ``[start + rank*size, start + (rank+1)*size)``; every rank gets the same count and sizes. ``start_step`` (a
-    resumed run's step count) skips that many batches by index without reading them."""
-    reader = BatchReader(split, feature_names, multi_hot, pin_memory)
-
-    def gen() -> Iterator[Batch]:
-        step = 0
-        for _ in range(epochs):
-            for start, size in plan:
-                if max_steps is not None and step >= max_steps:
-                    return
-                if step >= start_step:
-                    yield reader.read(start + rank * size, start + (rank + 1) * size)
-                step += 1
-
-    it = _prefetched(gen(), prefetch)
-    return _expanded(reader.expand, it) if reader.on_device else it
-
-
-def eval_batches(
-    split: BinarySplit,
-    *,
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    feature_names: Sequence[str],
-    multi_hot: Optional[BinaryMultiHot],
-    prefetch: int = 2,
-    pin_memory: Optional[bool] = None,
-) -> Iterator[Tuple[Batch, torch.Tensor]]:
-    """``(batch, weight)`` of this rank's contiguous share, the layout of ``dlrm.data.eval_batches``: every
-    rank yields the same number of full batches; padding rows (copies of split row 0) weigh 0."""
-    reader = BatchReader(split, feature_names, multi_hot, pin_memory)
-    batch_size, spans = eval_spans(len(split), batch_size, rank, world_size)
-
-    def gen() -> Iterator[Tuple[Batch, torch.Tensor]]:
-        for start, real in spans:
-            weight = torch.zeros(batch_size)
-            weight[:real] = 1.0
-            if real == 0:
-                yield reader.read(0, 0, pad_to=batch_size), weight
-            else:
-                yield reader.read(start, start + real, pad_to=batch_size), weight
-
-    it = _prefetched(gen(), prefetch)
-    if not reader.on_device:
-        return it
-    return _expanded(lambda bw: (reader.expand(bw[0]), bw[1]), it)
-
-
 # ------------------------------------------------------------------------------------------ trainer entry
 def check_table_rows(meta: Dict[str, Any], root: str, table_rows: Sequence[int]) -> None:
     """Refuse a model whose table rows are not those the dataset at ``root`` (its ``meta``) was hashed into.
@@ -875,11 +535,12 @@ def load_splits(
     validation and test splits are never capped.
 
     Raises:
-        BinaryFormatError: no usable ``meta.json`` (:func:`read_meta`); fewer than two days; the dataset's table
-            sizes differ from ``model`` table rows (the ids were hashed into other sizes); ``multi_hot_files`` on a
-            dataset without materialized multi-hot; a day file is missing, truncated or disagrees on its row count.
+        BinaryFormatError: no usable ``meta.json`` (:func:`~dlrm.data.binary_format.read_dataset_meta`); fewer
+            than two days; the dataset's table sizes differ from ``model`` table rows (the ids were hashed into
+            other sizes); ``multi_hot_files`` on a dataset without materialized multi-hot; a day file is missing,
+            truncated or disagrees on its row count.
     """
-    meta = read_meta(root)
+    meta = read_dataset_meta(root)
     if multi_hot_files and not (meta["multi_hot"] or {}).get("materialized"):
         raise _no_materialized(root, "", meta["multi_hot"])
     check_table_rows(meta, root, table_rows)
@@ -892,60 +553,3 @@ def load_splits(
     for s in out:
         s.prefetch, s.pin_memory = prefetch, pin_memory
     return out
-
-
-def write_dataset(
-    root: str,
-    days: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]],
-    table_rows: Sequence[int],
-    dense_transform: str = "log1p",
-    dense_min: Optional[int] = None,
-    first_day: int = 0,
-) -> Dict[str, Any]:
-    """Write already-transformed arrays as a dataset (tests and ``bench/loader.py``; real data goes through
-    ``data/preprocess_criteo.py``). ``days``: ``(dense float32 [N,13], ids int32 [N,26], labels int [N])``."""
-    os.makedirs(root, exist_ok=True)
-    entries = []
-    for i, (dense, ids, labels) in enumerate(days):
-        d = first_day + i
-        files = {}
-        for kind, arr in (
-            ("dense", np.asarray(dense, np.float32)),
-            ("sparse", np.asarray(ids, np.int32)),
-            ("labels", np.asarray(labels, np.int32).reshape(-1, 1)),
-        ):
-            w = NpyWriter(day_file(root, d, kind), arr.dtype, arr.shape[1])
-            for lo in range(0, arr.shape[0], 1 << 20):
-                w.append(arr[lo : lo + (1 << 20)])
-            w.close()
-            os.replace(day_file(root, d, kind) + ".partial", day_file(root, d, kind))
-            files[os.path.basename(day_file(root, d, kind))] = sha256_file(day_file(root, d, kind))
-        entries.append({"day": d, "rows": int(labels.shape[0]), "files": files})
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "layout": "arrays",
-        "days": entries,
-        "table_rows": [int(r) for r in table_rows],
-        "dense_transform": dense_transform,
-        "dense_min": dense_min,
-        "multi_hot": None,
-    }
-    write_meta(root, meta)
-    return meta
-
-
-def write_meta(root: str, meta: Dict[str, Any]) -> None:
-    """Write ``meta`` as ``<root>/meta.json`` (indented JSON) through ``meta.json.partial`` and a rename, so a reader
-    sees the old file or the new one, never part of one."""
-    tmp = os.path.join(root, META + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(tmp, os.path.join(root, META))
-
-
-def parse_header_shape(path: str) -> Tuple[int, ...]:
-    """Shape in a ``.npy`` header (tests)."""
-    with open(path, "rb") as f:
-        f.read(10)
-        return tuple(ast.literal_eval(f.read(HEADER_BYTES - 10).decode("latin1").strip())["shape"])

@@ -13,6 +13,9 @@ Files may be gzip-compressed (recognised by the gzip magic bytes ``1f 8b``, what
 
 Bad input raises :class:`TsvFormatError` naming the file and the 1-based line number.
 
+:func:`load_criteo_tsv` is the ``data=criteo_tsv`` source: the splits of ``data.train_path``, ``data.val_path`` and
+``data.test_path`` as :class:`dlrm.data.in_memory.Split` objects.
+
 Check a file by hand::
 
     python data/check_tsv.py /path/to/train.txt
@@ -29,8 +32,10 @@ from dataclasses import dataclass
 from typing import IO, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 
-from dlrm.config import InputError
+from dlrm.config import ConfigError, DataConfig, InputError
+from dlrm.data.in_memory import Split
 
 NUM_INT = 13
 NUM_CAT = 26
@@ -278,3 +283,73 @@ def hash_to_rows(cats: np.ndarray, table_rows: Sequence[int]) -> np.ndarray:
     if cats.shape[1] != rows.shape[0]:
         raise ValueError(f"{cats.shape[1]} categorical columns but {rows.shape[0]} tables")
     return cats % rows[None, :]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# data=criteo_tsv
+
+
+def _split_from_raw(raw: RawRows, table_rows: Sequence[int], name: str, source: str) -> Split:
+    return Split(
+        dense=torch.from_numpy(raw.ints),
+        ids=torch.from_numpy(hash_to_rows(raw.cats, table_rows)),
+        labels=torch.from_numpy(raw.labels.astype(np.float32)),
+        name=name,
+        source=source,
+    )
+
+
+def held_out_rows(max_rows: int, val_fraction: float) -> int:
+    """Validation rows beside ``max_rows`` training rows of one TSV file (``data.max_rows`` without
+    ``data.val_path``): ``max(1, round(max_rows * val_fraction / (1 - val_fraction)))``, so that the rows read
+    split ``1 - val_fraction : val_fraction`` as they do without a cap."""
+    return max(1, int(round(max_rows * val_fraction / (1.0 - val_fraction))))
+
+
+def load_criteo_tsv(cfg: DataConfig, table_rows: Sequence[int]) -> Tuple[Split, Split, Optional[Split]]:
+    """Train, validation and (optional) test splits: ``data.train_path`` and ``data.val_path`` (or the last
+    ``data.val_fraction`` of the training rows), and ``data.test_path``.
+
+    ``data.max_rows`` caps the training rows at the first ``max_rows`` rows of ``data.train_path``, as
+    ``data=criteo_binary`` caps its training days. Without ``data.val_path``, the :func:`held_out_rows` rows
+    after them validate; when the file holds fewer rows than the two together it is split by
+    ``data.val_fraction`` as without a cap (at most ``max_rows`` training rows either way). ``data.val_path`` and
+    ``data.test_path`` are read whole.
+
+    Every path is checked (an existing file, not a directory) before the first one is parsed.
+
+    Raises:
+        FileNotFoundError: a ``data.*_path`` does not exist (the message names the key).
+        InputError: a ``data.*_path`` is a directory.
+        TsvFormatError: a malformed file (names the file and line).
+        ConfigError: without ``data.val_path``, too few rows to hold out ``data.val_fraction`` of them.
+    """
+    assert cfg.train_path
+    for key in ("train_path", "val_path", "test_path"):
+        if getattr(cfg, key):
+            check_file(getattr(cfg, key), f"data.{key}")
+    cap = cfg.max_rows
+    n_val_cap = held_out_rows(cap, cfg.val_fraction) if cap is not None and not cfg.val_path else 0
+    read_rows = None if cap is None else cap + n_val_cap
+    raw = read_tsv(cfg.train_path, max_rows=read_rows, config_key="data.train_path")
+    train = _split_from_raw(raw, table_rows, "train", cfg.train_path)
+    test = (
+        _split_from_raw(read_tsv(cfg.test_path, config_key="data.test_path"), table_rows, "test", cfg.test_path)
+        if cfg.test_path
+        else None
+    )
+    if cfg.val_path:
+        val = _split_from_raw(read_tsv(cfg.val_path, config_key="data.val_path"), table_rows, "val", cfg.val_path)
+        return train, val, test
+    if cap is not None and len(train) == read_rows:
+        n_train = cap
+    else:
+        n_train = int(round(len(train) * (1.0 - cfg.val_fraction)))
+        if cap is not None:
+            n_train = min(n_train, cap)
+    if n_train == 0 or n_train == len(train):
+        raise ConfigError(
+            f"config key `data.train_path`: {cfg.train_path!r} has {len(train)} rows: too few to hold out "
+            f"data.val_fraction={cfg.val_fraction}; give data.val_path or more rows"
+        )
+    return train.rows(0, n_train, "train"), train.rows(n_train, len(train), "val"), test

@@ -27,6 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from dlrm.data.binary_format import BinaryFormatError
+
 TABLES_DIR = "multi_hot_tables"
 # Rows drawn per randint call: bounds host memory to about CHUNK_ROWS * 99 * 8 bytes (80 MB) per table.
 CHUNK_ROWS = 1 << 17
@@ -127,12 +129,9 @@ def load_tables(
     when absent or built for other rows/sizes/seed.
 
     Raises:
-        dlrm.data.binary.BinaryFormatError: ``tables.json`` is not JSON or lacks a field, or a ``table_XX.npy`` is
-            missing, truncated or of another shape or dtype; the message names the file and says to rebuild
-            ``out_dir``.
+        BinaryFormatError: ``tables.json`` is not JSON or lacks a field, or a ``table_XX.npy`` is missing,
+            truncated or of another shape or dtype; the message names the file and says to rebuild ``out_dir``.
     """
-    from dlrm.data.binary import BinaryFormatError  # binary imports this module
-
     fix = (
         f"delete {out_dir} and rebuild it with `python data/preprocess_criteo.py multihot --out "
         f"{os.path.dirname(os.path.normpath(out_dir)) or '.'} --mode tables`"

@@ -1,15 +1,15 @@
 """Criteo TSV (1TB ``day_N`` files or Kaggle ``train.txt``, plain or gzip) to the binary format of
-:mod:`dlrm.data.binary`, streaming in bounded memory, resumable per day, parallel over processes.
+:mod:`dlrm.data.binary_format`, streaming in bounded memory, resumable per day, parallel over processes.
 
 Run it with ``data/preprocess_criteo.py`` (its docstring has the commands). Passes:
 
 1. **parse** (one process per day): read the input in blocks of ``--block-mb`` cut at line ends, parse each block
-   vectorised in numpy (:func:`parse_block`), hash categories into the tables (``hash % rows``, as
-   torchrec's Criteo preprocessing), and append to ``day_{d}_dense_raw.npy`` (int32 counts, missing 0),
-   ``day_{d}_sparse.npy`` and ``day_{d}_labels.npy``. Blocks that hold anything unusual (blank lines, ``\\r``,
-   signs, non-digits, long values) are re-parsed line by line with :func:`dlrm.data.criteo_tsv.parse_line`, so
-   the accepted rows and the error messages (``file:line``) are exactly those of ``data=criteo_tsv``. Memory:
-   a few blocks per process (about 100 MB at the default 8 MB blocks).
+   vectorised in numpy (:func:`dlrm.data.preprocess_passes.parse_block`), hash categories into the tables
+   (``hash % rows``, as torchrec's Criteo preprocessing), and append to ``day_{d}_dense_raw.npy`` (int32 counts,
+   missing 0), ``day_{d}_sparse.npy`` and ``day_{d}_labels.npy``. Blocks that hold anything unusual (blank
+   lines, ``\\r``, signs, non-digits, long values) are re-parsed line by line with
+   :func:`dlrm.data.criteo_tsv.parse_line`, so the accepted rows and the error messages (``file:line``) are exactly
+   those of ``data=criteo_tsv``. Memory: a few blocks per process (about 100 MB at the default 8 MB blocks).
 2. **dense**: ``m`` = the minimum raw dense value (missing as 0, all 13 columns) over the *training* days only,
    fixed once and stored in ``meta.json``; every day, evaluation days included, is transformed with it:
    ``mlperf``: ``log(x - m + 2)`` (torchrec ``BinaryCriteoUtils.tsv_to_npys``, int32 shift then float32 log, but
@@ -25,435 +25,28 @@ Each finished day leaves a ``day_{d}.*.json`` marker holding its inputs (path, s
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import time
-import zlib
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from dlrm.config import MLPERF_NUM_EMBEDDINGS, InputError
-from dlrm.data import binary as B
+from dlrm.config import MLPERF_NUM_EMBEDDINGS
+from dlrm.data import binary_format as fmt
 from dlrm.data import multihot as mh_mod
-from dlrm.data.criteo_tsv import (
-    NUM_CAT,
-    NUM_FIELDS,
-    NUM_INT,
-    TsvFormatError,
-    decode_line,
-    is_gzip,
-    open_input,
-    parse_line,
+from dlrm.data.criteo_tsv import NUM_CAT, is_gzip
+from dlrm.data.preprocess_passes import (
+    PreprocessError,
+    dense_day,
+    iter_blocks,
+    marker_path,
+    multihot_day,
+    parse_day,
+    run_jobs,
 )
 
 KAGGLE_DAYS = 7  # original DLRM: Kaggle train.txt is cut into 7 equal "days"; the last one evaluates
 TRANSFORMS = ("mlperf", "log1p")
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-_HEX = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX[_c] = 10 + _i
-
-
-class PreprocessError(InputError):
-    """Input the preprocessing cannot use; the message names the flag or file (and line) and the fix
-    (``data/preprocess_criteo.py`` prints it as one ``error:`` line, exit status 2)."""
-
-
-# ------------------------------------------------------------------------------------------------ parsing
-def parse_block(buf: bytes) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Parse ``'\\n'``-terminated lines without a per-line Python loop.
-
-    Returns:
-        ``(labels int32 [L], ints int32 [L, 13] (raw, missing 0), cats int64 [L, 26] (missing 0))``, or None when
-        a line has anything the fast path does not handle (the caller re-parses those lines one by one, which
-        either accepts them under the ``criteo_tsv`` rules or raises with the line number).
-    """
-    a = np.frombuffer(buf, dtype=np.uint8)
-    seps = np.flatnonzero((a == 9) | (a == 10))
-    if seps.size == 0 or seps.size % NUM_FIELDS:
-        return None
-    n_lines = seps.size // NUM_FIELDS
-    is_nl = a[seps] == 10
-    if int(is_nl.sum()) != n_lines or not is_nl[NUM_FIELDS - 1 :: NUM_FIELDS].all():
-        return None
-    ends = seps.reshape(n_lines, NUM_FIELDS)
-    starts = np.empty_like(ends)
-    starts[:, 1:] = ends[:, :-1] + 1
-    starts[0, 0] = 0
-    starts[1:, 0] = ends[:-1, -1] + 1
-    lens = ends - starts
-    if not (lens[:, 0] == 1).all():
-        return None
-    lab = a[starts[:, 0]]
-    if not ((lab == 48) | (lab == 49)).all():
-        return None
-    last = a.size - 1
-    # integers: optional '-', then up to 18 decimal digits (Horner over the digit position)
-    s, ln = starts[:, 1 : 1 + NUM_INT], lens[:, 1 : 1 + NUM_INT]
-    neg = (ln > 0) & (a[np.minimum(s, last)] == 45)
-    ds, dl = s + neg, ln - neg
-    if (neg & (dl == 0)).any() or dl.max() > 18:
-        return None
-    ints = np.zeros(s.shape, dtype=np.int64)
-    for k in range(int(dl.max())):
-        use = k < dl
-        d = a[np.minimum(ds + k, last)].astype(np.int64) - 48
-        if ((d < 0) | (d > 9))[use].any():
-            return None
-        ints = np.where(use, ints * 10 + d, ints)
-    ints = np.where(neg, -ints, ints)
-    if ints.min() < INT32_MIN or ints.max() > INT32_MAX:
-        return None
-    # categories: up to 8 hex digits
-    s, ln = starts[:, 1 + NUM_INT :], lens[:, 1 + NUM_INT :]
-    if ln.max() > 8:
-        return None
-    cats = np.zeros(s.shape, dtype=np.int64)
-    for k in range(int(ln.max())):
-        use = k < ln
-        h = _HEX[a[np.minimum(s + k, last)]].astype(np.int64)
-        if (h[use] == 255).any():
-            return None
-        cats = np.where(use, (cats << 4) | h, cats)
-    return lab.astype(np.int32) - 48, ints.astype(np.int32), cats
-
-
-def parse_block_slow(
-    buf: bytes, path: str, first_line: int, state: Dict[str, int]
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Line-by-line parse of a block with :func:`dlrm.data.criteo_tsv.parse_line` (the ``criteo_tsv`` rules,
-    blank lines allowed only at the end of the file), plus the int32 range of the stored dense counts.
-
-    Raises:
-        TsvFormatError: naming ``path:line``.
-    """
-    labels, ints, cats = [], [], []
-    for i, raw in enumerate(buf.split(b"\n")[:-1]):
-        lineno = first_line + i
-        line = decode_line(raw, path, lineno)
-        if not line:
-            state["blank_at"] = state.get("blank_at") or lineno
-            continue
-        if state.get("blank_at"):
-            raise TsvFormatError(
-                f"{path}:{state['blank_at']}: blank line before more rows; every line needs "
-                f"{NUM_FIELDS} tab-separated fields (label, I1..I13, C1..C26): delete it"
-            )
-        lab, row_i, row_c = parse_line(line, path, lineno)
-        for j, x in enumerate(row_i):
-            if not INT32_MIN <= x <= INT32_MAX:
-                raise TsvFormatError(
-                    f"{path}:{lineno}: integer feature I{j + 1} is {x}, outside the int32 range "
-                    "the binary format stores dense counts in"
-                )
-        labels.append(lab)
-        ints.append(row_i)
-        cats.append(row_c)
-    return (
-        np.asarray(labels, dtype=np.int32),
-        np.asarray(ints, dtype=np.int32).reshape(-1, NUM_INT),
-        np.asarray(cats, dtype=np.int64).reshape(-1, NUM_CAT),
-    )
-
-
-def iter_blocks(
-    path: str, start_byte: int = 0, start_line: int = 1, max_lines: Optional[int] = None, block_bytes: int = 8 << 20
-) -> Iterator[Tuple[int, bytes, int]]:
-    """Yield ``(first_line, data, compressed_bytes_read)`` with ``data`` whole lines ending in ``'\\n'``.
-
-    Starts at line ``start_line`` (at ``start_byte`` for plain files; gzip streams are decompressed and the
-    earlier lines skipped) and stops after ``max_lines`` lines. A last line without ``'\\n'`` is completed.
-
-    Raises:
-        PreprocessError: a gzip stream that ends early or is corrupt (names the file and the last whole line).
-    """
-    raw, f, gz = open_input(path)
-    try:
-        skip = 0
-        if start_byte and not gz:
-            f.seek(start_byte)
-        elif start_line > 1:
-            skip = start_line - 1
-        lineno, left, carry, eof = start_line, max_lines, b"", False
-        while not eof and (left is None or left > 0):
-            try:
-                chunk = f.read(block_bytes)
-            except (EOFError, OSError, zlib.error) as e:
-                whole = lineno - 1 + skip + carry.count(b"\n")
-                raise PreprocessError(
-                    f"{path}: truncated or corrupt gzip stream after line {whole} ({e}); download the file again"
-                ) from None
-            if not chunk:
-                eof = True
-                data, carry = (carry + b"\n" if carry else b""), b""
-            else:
-                data = carry + chunk
-                cut = data.rfind(b"\n") + 1
-                data, carry = data[:cut], data[cut:]
-            if not data:
-                continue
-            if skip:
-                nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-                if nl.size <= skip:
-                    skip -= nl.size
-                    continue
-                data, skip = data[nl[skip - 1] + 1 :], 0
-            if left is not None:
-                nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-                if nl.size > left:
-                    data = data[: nl[left - 1] + 1]
-                left -= min(left, nl.size)
-            yield lineno, data, raw.tell()
-            lineno += data.count(b"\n")
-    finally:
-        f.close()
-        raw.close()
-
-
-# -------------------------------------------------------------------------------------------- day passes
-_progress_q: Any = None
-
-
-def _init_worker(q: Any) -> None:
-    global _progress_q
-    _progress_q = q
-
-
-def _report(n: int) -> None:
-    if _progress_q is not None and n:
-        _progress_q.put(n)
-
-
-def _marker(root: str, day: int, kind: str) -> str:
-    return os.path.join(root, f"day_{day}.{kind}.json")
-
-
-def _done(root: str, day: int, kind: str, expect: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The marker of a finished pass when it matches ``expect`` and its files are all there, else None."""
-    try:
-        with open(_marker(root, day, kind), encoding="utf-8") as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if any(rec.get(k) != v for k, v in expect.items()):
-        return None
-    # the raw dense counts are deleted after the dense pass unless --keep-raw-dense; dense_day re-parses if needed
-    if not all(os.path.isfile(os.path.join(root, name)) for name in rec.get("files", {}) if "dense_raw" not in name):
-        return None
-    return rec
-
-
-def _write_marker(root: str, day: int, kind: str, rec: Dict[str, Any]) -> None:
-    tmp = _marker(root, day, kind) + ".partial"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(rec, f, indent=1)
-    os.replace(tmp, _marker(root, day, kind))
-
-
-def _finish(root: str, day: int, kinds: Sequence[str]) -> Dict[str, str]:
-    shas = {}
-    for kind in kinds:
-        path = B.day_file(root, day, kind)
-        os.replace(path + ".partial", path)
-        shas[os.path.basename(path)] = B.sha256_file(path)
-    return shas
-
-
-def parse_day(job: Dict[str, Any]) -> Dict[str, Any]:
-    """Pass 1 for one day (see module doc). ``job``: root, day, path, start_byte, start_line, max_lines,
-    table_rows, block_bytes, expect (the marker's input fields)."""
-    root, day = job["root"], job["day"]
-    rec = _done(root, day, "parse", job["expect"])
-    if rec is not None:
-        _report(job["expect"]["progress_bytes"])
-        return rec
-    rows = np.asarray(job["table_rows"], dtype=np.int64)
-    w_dense = B.NpyWriter(B.day_file(root, day, "dense_raw"), np.int32, NUM_INT)
-    w_sparse = B.NpyWriter(B.day_file(root, day, "sparse"), np.int32, NUM_CAT)
-    w_labels = B.NpyWriter(B.day_file(root, day, "labels"), np.int32, 1)
-    state: Dict[str, int] = {}
-    dense_min, positives, done_bytes = 0, 0, 0
-    for first, data, pos in iter_blocks(
-        job["path"], job["start_byte"], job["start_line"], job["max_lines"], job["block_bytes"]
-    ):
-        parsed = None if state.get("blank_at") else parse_block(data)
-        if parsed is None:
-            parsed = parse_block_slow(data, job["path"], first, state)
-        labels, ints, cats = parsed
-        if labels.size:
-            dense_min = min(dense_min, int(ints.min()))
-            positives += int(labels.sum())
-            w_dense.append(ints)
-            w_sparse.append((cats % rows).astype(np.int32))
-            w_labels.append(labels.reshape(-1, 1))
-        _report(pos - job["start_byte"] - done_bytes)
-        done_bytes = pos - job["start_byte"]
-    n = w_dense.close()
-    w_sparse.close()
-    w_labels.close()
-    if n == 0 and job["max_lines"]:
-        # a Kaggle day: preprocess() counted its lines, so every one of them was blank
-        first = job["start_line"]
-        raise TsvFormatError(
-            f"{job['path']}: lines {first}-{first + job['max_lines'] - 1} (Kaggle day {day}) are all blank; "
-            "delete the blank lines"
-        )
-    if n == 0:
-        raise TsvFormatError(
-            f"{job['path']}: no rows for day {day}; expected lines of {NUM_FIELDS} tab-separated fields"
-        )
-    if job["max_lines"] is not None and n < job["max_lines"] and not state.get("blank_at"):
-        raise PreprocessError(
-            f"{job['path']}: day {day} should have {job['max_lines']} rows from line "
-            f"{job['start_line']}, the file ended after {n}; the file changed since it was counted"
-        )
-    rec = dict(
-        job["expect"],
-        rows=n,
-        positives=positives,
-        dense_min=dense_min,
-        files=_finish(root, day, ("dense_raw", "sparse", "labels")),
-    )
-    _write_marker(root, day, "parse", rec)
-    return rec
-
-
-def transform_dense(raw: np.ndarray, transform: str, m: Optional[int]) -> np.ndarray:
-    """float32 ``[n, 13]`` from raw int32 counts (missing 0).
-
-    ``mlperf``: ``log(x - m + 2)`` as torchrec ``BinaryCriteoUtils.tsv_to_npys`` computes it (int32 shift, float32
-    log), with ``m`` the training-data minimum. ``log1p``: ``log(max(x, 0) + 1)`` in float64, then float32
-    (original DLRM; the same values as ``dlrm.data.criteo_tsv.read_tsv``).
-    """
-    if transform == "mlperf":
-        assert m is not None and m <= 0
-        return np.log(raw.astype(np.int32) - np.int32(m - 2), dtype=np.float32)
-    return np.log1p(np.maximum(raw, 0).astype(np.float64)).astype(np.float32)
-
-
-def dense_day(job: Dict[str, Any]) -> Dict[str, Any]:
-    """Pass 2 for one day: ``day_{d}_dense.npy`` from ``day_{d}_dense_raw.npy``."""
-    root, day = job["root"], job["day"]
-    rec = _done(root, day, "dense", job["expect"])
-    if rec is not None:
-        return rec
-    if not os.path.isfile(B.day_file(root, day, "dense_raw")):  # deleted after an earlier dense pass
-        os.remove(_marker(root, day, "parse"))
-        parse_day(job["parse_job"])
-    raw = B.open_npy(B.day_file(root, day, "dense_raw"), np.int32, NUM_INT, job["rows"])
-    w = B.NpyWriter(B.day_file(root, day, "dense"), np.float32, NUM_INT)
-    m = job["expect"]["dense_min"]
-    for lo in range(0, raw.shape[0], 1 << 20):
-        chunk = np.asarray(raw[lo : lo + (1 << 20)])
-        if m is not None and chunk.min() < m:
-            r, c = (int(x[0]) for x in np.nonzero(chunk < m))
-            w.f.close()
-            raise PreprocessError(
-                f"{job['source']}:{job['start_line'] + lo + r}: integer feature I{c + 1} is {int(chunk[r, c])}, below "
-                f"m = {m} (the training days' minimum) of the mlperf transform log(x - m + 2); pass --dense-min "
-                f"{int(chunk[r, c])} (or lower) to fix m for all days, or use --dense-transform log1p"
-            )
-        w.append(transform_dense(chunk, job["expect"]["transform"], m))
-    w.close()
-    del raw
-    rec = dict(job["expect"], files=_finish(root, day, ("dense",)))
-    _write_marker(root, day, "dense", rec)
-    if not job["keep_raw"]:
-        os.remove(B.day_file(root, day, "dense_raw"))
-    return rec
-
-
-def multihot_day(job: Dict[str, Any]) -> Dict[str, Any]:
-    """Materialize ``day_{d}_sparse_multi_hot.npy`` (feature-major per day, see :mod:`dlrm.data.binary`)."""
-    root, day = job["root"], job["day"]
-    rec = _done(root, day, "multihot", job["expect"])
-    if rec is not None:
-        return rec
-    sizes, rows = job["expect"]["sizes"], job["table_rows"]
-    tables = mh_mod.load_tables(os.path.join(root, mh_mod.TABLES_DIR), rows, sizes, job["expect"]["seed"])
-    assert tables is not None
-    sparse = B.open_npy(B.day_file(root, day, "sparse"), np.int32, NUM_CAT, job["rows"])
-    w = B.NpyWriter(B.day_file(root, day, "sparse_multi_hot"), np.int32, None)
-    chunk = 1 << 18
-    for t in range(len(sizes)):
-        for lo in range(0, sparse.shape[0], chunk):
-            ids = np.ascontiguousarray(sparse[lo : lo + chunk, t])
-            if ids.size and (ids.min() < 0 or ids.max() >= rows[t]):
-                bad = int(np.flatnonzero((ids < 0) | (ids >= rows[t]))[0])
-                raise B.BinaryFormatError(
-                    f"{B.day_file(root, day, 'sparse')}: row {lo + bad} (0-based), feature C{t + 1}: id "
-                    f"{int(ids[bad])} is outside table {t}'s {rows[t]} rows; re-run the parse pass for day {day}"
-                )
-            w.append(ids if tables[t] is None else np.take(tables[t], ids, axis=0).reshape(-1))
-    w.close()
-    rec = dict(job["expect"], files=_finish(root, day, ("sparse_multi_hot",)))
-    _write_marker(root, day, "multihot", rec)
-    return rec
-
-
-def _run_jobs(
-    fn: Callable[[Dict[str, Any]], Dict[str, Any]],
-    jobs: List[Dict[str, Any]],
-    workers: int,
-    desc: str,
-    total_bytes: Optional[int] = None,
-) -> List[Dict[str, Any]]:
-    """Run ``fn`` over ``jobs`` in ``workers`` processes with a tqdm bar (bytes read, or days done)."""
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=total_bytes if total_bytes is not None else len(jobs),
-        desc=desc,
-        unit="B" if total_bytes is not None else "day",
-        unit_scale=total_bytes is not None,
-        smoothing=0.05,
-    )
-    results: Dict[int, Dict[str, Any]] = {}
-    ctx = mp.get_context("fork")
-    q = ctx.Queue() if total_bytes is not None else None
-
-    def drain() -> None:
-        while q is not None:
-            try:
-                bar.update(q.get_nowait())
-            except Exception:  # queue.Empty
-                return
-
-    try:
-        if workers <= 1:
-            _init_worker(q)
-            try:
-                for i, job in enumerate(jobs):
-                    results[i] = fn(job)
-                    drain()
-                    if total_bytes is None:
-                        bar.update(1)
-            finally:
-                _init_worker(None)
-        else:
-            with ProcessPoolExecutor(
-                max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker, initargs=(q,)
-            ) as ex:
-                futs = {ex.submit(fn, job): i for i, job in enumerate(jobs)}
-                pending = set(futs)
-                while pending:
-                    for f in list(pending):
-                        if f.done():
-                            pending.discard(f)
-                            results[futs[f]] = f.result()  # re-raises a worker's error (file:line message)
-                            if total_bytes is None:
-                                bar.update(1)
-                    drain()
-                    time.sleep(0.05)
-        drain()
-    finally:
-        bar.close()  # ends the bar's line, so an error printed next starts one of its own
-    return [results[i] for i in range(len(jobs))]
 
 
 # ------------------------------------------------------------------------------------------------- driver
@@ -610,6 +203,57 @@ def preprocess(
             a Kaggle file of fewer than 7 lines; ``out`` a file, or holding a dataset built with other options
             (without ``overwrite``).
     """
+    days = _check_options(out, layout, inputs, days, table_rows, transform, dense_min, overwrite)
+    jobs = _day_jobs(layout, inputs, days, block_bytes)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:  # a file on the way, or no permission
+        raise PreprocessError(f"--out {out}: cannot create it ({e.strerror}); give a directory you can write") from None
+    full = _parse_jobs(jobs, out, table_rows, block_bytes)
+    t0 = time.perf_counter()
+    parsed = run_jobs(parse_day, full, workers, "parse", total_bytes=sum(j["progress_bytes"] for j in jobs))
+    t1 = time.perf_counter()
+    train = parsed[:-1]
+    m = dense_min if dense_min is not None else min(r["dense_min"] for r in train)
+    m_src = "given" if dense_min is not None else f"days {jobs[0]['day']}-{jobs[-2]['day']} (training)"
+    djobs = [
+        dict(
+            root=out,
+            day=j["day"],
+            rows=r["rows"],
+            keep_raw=keep_raw,
+            source=j["path"],
+            start_line=j["start_line"],
+            parse_job=fj,
+            expect=dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]),
+        )
+        for j, r, fj in zip(jobs, parsed, full)
+    ]
+    dense = run_jobs(dense_day, djobs, workers, "dense")
+    if timings is not None:
+        timings.update(parse=t1 - t0, dense=time.perf_counter() - t1)
+    meta = _dataset_meta(layout, table_rows, transform, m, m_src, keep_raw, jobs, parsed, dense)
+    _carry_multi_hot(out, meta)
+    fmt.write_meta(out, meta)
+    return meta
+
+
+def _check_options(
+    out: str,
+    layout: str,
+    inputs: Sequence[str],
+    days: Sequence[int],
+    table_rows: Sequence[int],
+    transform: str,
+    dense_min: Optional[int],
+    overwrite: bool,
+) -> List[int]:
+    """Refuse options :func:`preprocess` cannot use, before anything is written; returns the days to build
+    (``0 .. 6`` for the Kaggle layout).
+
+    Raises:
+        PreprocessError: as :func:`preprocess` says (all but a Kaggle file that is too short).
+    """
     if transform not in TRANSFORMS:
         raise PreprocessError(f"--dense-transform {transform!r}: choose one of {', '.join(TRANSFORMS)}")
     if len(table_rows) != NUM_CAT or min(table_rows) < 1:
@@ -628,7 +272,7 @@ def preprocess(
         )
     if not overwrite:
         try:
-            with open(os.path.join(out, B.META), encoding="utf-8") as f:
+            with open(os.path.join(out, fmt.META), encoding="utf-8") as f:
                 prev = json.load(f)
             changed = _changed_options(prev, layout, inputs, days, table_rows, transform, dense_min)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -638,6 +282,16 @@ def preprocess(
                 f"--out {out} holds a dataset built with other options ({'; '.join(changed)}), which this run "
                 "would replace; give another --out, or add --overwrite to rebuild it there"
             )
+    return list(days)
+
+
+def _day_jobs(layout: str, inputs: Sequence[str], days: Sequence[int], block_bytes: int) -> List[Dict[str, Any]]:
+    """One parse job per day: its file, first byte and line, line count (None: to the end) and the bytes it reads
+    (for the progress bar). The Kaggle layout cuts its one file into :data:`KAGGLE_DAYS` equal days.
+
+    Raises:
+        PreprocessError: a Kaggle file of fewer than :data:`KAGGLE_DAYS` lines.
+    """
     jobs = []
     if layout == "kaggle":
         (path,) = inputs
@@ -670,15 +324,19 @@ def preprocess(
             jobs.append(
                 dict(path=path, day=d, start_byte=0, start_line=1, max_lines=None, progress_bytes=os.path.getsize(path))
             )
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:  # a file on the way, or no permission
-        raise PreprocessError(f"--out {out}: cannot create it ({e.strerror}); give a directory you can write") from None
+    return jobs
+
+
+def _parse_jobs(
+    jobs: List[Dict[str, Any]], out: str, table_rows: Sequence[int], block_bytes: int
+) -> List[Dict[str, Any]]:
+    """:func:`dlrm.data.preprocess_passes.parse_day`'s job for each of :func:`_day_jobs`' days, with ``expect``:
+    the inputs its marker records (a re-run skips the day when they match)."""
     full = []
     for j in jobs:
         st = os.stat(j["path"])
         expect = dict(
-            version=B.VERSION,
+            version=fmt.VERSION,
             path=os.path.abspath(j["path"]),
             size=st.st_size,
             mtime_ns=st.st_mtime_ns,
@@ -688,31 +346,25 @@ def preprocess(
             progress_bytes=j["progress_bytes"],
         )
         full.append(dict(j, root=out, table_rows=list(table_rows), block_bytes=block_bytes, expect=expect))
-    t0 = time.perf_counter()
-    parsed = _run_jobs(parse_day, full, workers, "parse", total_bytes=sum(j["progress_bytes"] for j in jobs))
-    t1 = time.perf_counter()
-    train = parsed[:-1]
-    m = dense_min if dense_min is not None else min(r["dense_min"] for r in train)
-    m_src = "given" if dense_min is not None else f"days {jobs[0]['day']}-{jobs[-2]['day']} (training)"
-    djobs = [
-        dict(
-            root=out,
-            day=j["day"],
-            rows=r["rows"],
-            keep_raw=keep_raw,
-            source=j["path"],
-            start_line=j["start_line"],
-            parse_job=fj,
-            expect=dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]),
-        )
-        for j, r, fj in zip(jobs, parsed, full)
-    ]
-    dense = _run_jobs(dense_day, djobs, workers, "dense")
-    if timings is not None:
-        timings.update(parse=t1 - t0, dense=time.perf_counter() - t1)
-    meta = {
-        "format": B.FORMAT,
-        "version": B.VERSION,
+    return full
+
+
+def _dataset_meta(
+    layout: str,
+    table_rows: Sequence[int],
+    transform: str,
+    m: int,
+    m_src: str,
+    keep_raw: bool,
+    jobs: List[Dict[str, Any]],
+    parsed: List[Dict[str, Any]],
+    dense: List[Dict[str, Any]],
+) -> Dict[str, Any]:
+    """The ``meta.json`` content of a dataset whose days ``jobs`` went through the parse (``parsed``) and dense
+    (``dense``) passes, with the dense transform's ``m`` and where it came from (``m_src``)."""
+    return {
+        "format": fmt.FORMAT,
+        "version": fmt.VERSION,
         "layout": layout,
         "table_rows": [int(r) for r in table_rows],
         "dense_transform": transform,
@@ -721,7 +373,7 @@ def preprocess(
         else "log(max(x, 0) + 1), missing x = 0",
         "dense_min": m if transform == "mlperf" else None,
         "dense_min_source": m_src if transform == "mlperf" else None,
-        "train_dense_min": min(r["dense_min"] for r in train),
+        "train_dense_min": min(r["dense_min"] for r in parsed[:-1]),
         "splits": "train = all days but the last; val = first ceil(N/2) rows of the last day; test = the rest",
         "days": [
             {
@@ -736,9 +388,6 @@ def preprocess(
         ],
         "multi_hot": None,
     }
-    _carry_multi_hot(out, meta)
-    B.write_meta(out, meta)
-    return meta
 
 
 def _carry_multi_hot(out: str, meta: Dict[str, Any]) -> None:
@@ -747,7 +396,7 @@ def _carry_multi_hot(out: str, meta: Dict[str, Any]) -> None:
     train on the wrong rows without an error. Otherwise the record is dropped and the materialized days whose 1-hot
     file or table sizes changed are deleted; unchanged days keep theirs, which ``multihot`` then reuses."""
     try:
-        with open(os.path.join(out, B.META), encoding="utf-8") as f:
+        with open(os.path.join(out, fmt.META), encoding="utf-8") as f:
             prev = json.load(f)
         prev_mh = prev.get("multi_hot")
         prev_days = {pd["day"]: pd["files"] for pd in prev["days"]}
@@ -766,7 +415,7 @@ def _carry_multi_hot(out: str, meta: Dict[str, Any]) -> None:
             d["files"].update({k: v for k, v in prev_days[d["day"]].items() if "multi_hot" in k})
         return
     for day in stale:
-        for path in (B.day_file(out, day, "sparse_multi_hot"), _marker(out, day, "multihot")):
+        for path in (fmt.day_file(out, day, "sparse_multi_hot"), marker_path(out, day, "multihot")):
             if os.path.isfile(path):
                 os.remove(path)
 
@@ -776,11 +425,11 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
     ``day_{d}_sparse_multi_hot.npy``; record them in ``meta.json``.
 
     Raises:
-        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary.read_meta`), a day's
-            1-hot file is missing or truncated, an id is outside its table, or the expansion tables on disk are
-            damaged (:func:`dlrm.data.multihot.load_tables`).
+        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary_format.read_dataset_meta`),
+            a day's 1-hot file is missing or truncated, an id is outside its table, or the expansion tables on disk
+            are damaged (:func:`dlrm.data.multihot.load_tables`).
     """
-    meta = B.read_meta(out, "--out")
+    meta = fmt.read_dataset_meta(out, "--out")
     rows = meta["table_rows"]
     tdir = os.path.join(out, mh_mod.TABLES_DIR)
     if mh_mod.load_tables(tdir, rows, sizes, seed) is None:
@@ -802,7 +451,7 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
             )
             for d in meta["days"]
         ]
-        mat = _run_jobs(multihot_day, jobs, workers, "multi-hot")
+        mat = run_jobs(multihot_day, jobs, workers, "multi-hot")
     for i, d in enumerate(meta["days"]):
         d["files"] = {k: v for k, v in d["files"].items() if "multi_hot" not in k}
         if mat:
@@ -814,7 +463,7 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
         "tables": True,
         "materialized": materialize,
     }
-    B.write_meta(out, meta)
+    fmt.write_meta(out, meta)
     return meta
 
 
@@ -822,13 +471,13 @@ def verify(out: str) -> List[str]:
     """Recompute every sha256 in ``meta.json``; returns the mismatching or missing files (empty: all good).
 
     Raises:
-        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary.read_meta`).
+        BinaryFormatError: ``out`` holds no usable ``meta.json`` (:func:`dlrm.data.binary_format.read_dataset_meta`).
     """
-    meta = B.read_meta(out, "--out")
+    meta = fmt.read_dataset_meta(out, "--out")
     bad = []
     for d in meta["days"]:
         for name, sha in d["files"].items():
             p = os.path.join(out, name)
-            if not os.path.isfile(p) or B.sha256_file(p) != sha:
+            if not os.path.isfile(p) or fmt.sha256_file(p) != sha:
                 bad.append(p)
     return bad
