@@ -42,6 +42,13 @@ from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, InputErro
 from dlrm.data import preprocess as P  # noqa: E402
 
 SEED_MAX = 2**32 - 1  # numpy's legacy seeding (np.random.seed) takes 0 .. 2**32 - 1
+# the first argument picks the command; without one of these it converts TSV files (the options --help lists)
+SUBCOMMANDS = """subcommands (the first argument; without one, the TSV files are converted):
+  multihot   write the MLPerf multi-hot expansion tables (--mode tables) or materialize them per day
+             (--mode materialize) into a converted dataset
+  verify     check the files of a dataset against the sha256s in its meta.json
+  preprocess_criteo.py multihot --help / verify --help: their options. Commands and sizes: the module docstring,
+  docs/data.md."""
 DAYS_FIX = "give days as a range or a list, e.g. --days 0-23 or --days 0,1,23"
 
 
@@ -126,7 +133,10 @@ def main(argv: List[str]) -> int:
     else:
         cmd = "convert"
     ap = argparse.ArgumentParser(
-        prog=f"preprocess_criteo.py {cmd if cmd != 'convert' else ''}".strip(), description=__doc__.split("\n\n")[0]
+        prog=f"preprocess_criteo.py {cmd if cmd != 'convert' else ''}".strip(),
+        description=__doc__.split("\n\n")[0],
+        epilog=SUBCOMMANDS if cmd == "convert" else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--out", required=True, help="dataset directory")
     ap.add_argument(

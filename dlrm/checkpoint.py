@@ -898,6 +898,7 @@ class TrainState:
     step: int = 0  # optimizer steps done
     samples_seen: int = 0  # training samples over all ranks
     window: Optional[MetricWindow] = None  # the training-metric window not yet logged
+    target_auc_reached: Optional[float] = None  # the validation AUC that met eval.target_auc and ended the run
 
 
 @dataclass
@@ -1074,6 +1075,7 @@ class Checkpointer:
             group["lr"] = lr
         state.step = self.last_saved_step = int(meta["step"])
         state.samples_seen = int(meta["samples"])
+        state.target_auc_reached = meta.get("target_auc_reached")  # absent in checkpoints of earlier versions
         rank_file = os.path.join(path, f"rank_{self.info.rank}.pt")
         if meta["world_size"] == self.info.world_size and os.path.isfile(rank_file):
             extra = torch.load(rank_file, weights_only=False)
@@ -1194,6 +1196,7 @@ class Checkpointer:
             meta = {
                 "step": step,
                 "samples": state.samples_seen,
+                "target_auc_reached": state.target_auc_reached,
                 "world_size": self.info.world_size,
                 "global_batch": self.run.global_batch,
                 "steps_per_epoch": self.run.steps_per_epoch,

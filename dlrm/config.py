@@ -110,6 +110,34 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"config key `{key}`: {msg}")
 
 
+DEFAULT_BATCH_SIZE = 256  # data.batch_size when neither batch key is set
+
+
+def per_rank_batch(data: "DataConfig", world_size: int) -> int:
+    """The training batch per rank: ``data.global_batch_size / world_size`` when that is set, else
+    ``data.batch_size`` (null: :data:`DEFAULT_BATCH_SIZE`).
+
+    Raises:
+        ConfigError: ``data.global_batch_size`` does not divide over ``world_size`` ranks, or ``data.batch_size``
+            is also set and is not that quotient (both keys named).
+    """
+    gb = data.global_batch_size
+    if gb is None:
+        return data.batch_size or DEFAULT_BATCH_SIZE
+    if gb % world_size:
+        raise ConfigError(
+            f"config key `data.global_batch_size`: {gb} does not divide over {world_size} ranks; use a multiple of "
+            "the world size"
+        )
+    if data.batch_size is not None and data.batch_size * world_size != gb:
+        raise ConfigError(
+            f"config keys `data.batch_size` and `data.global_batch_size` disagree: {data.batch_size} per rank x "
+            f"{world_size} rank{'s' * (world_size != 1)} is {data.batch_size * world_size}, not {gb}; set one of "
+            f"them (data.global_batch_size=null to give the batch per rank)"
+        )
+    return gb // world_size
+
+
 @dataclass
 class ModelConfig:
     """The network: ``interaction=dcn`` is DLRM-v2 (TorchRec ``DLRM_DCN``), ``dot`` the original DLRM."""
@@ -194,8 +222,9 @@ class DataConfig:
     name: str = "synthetic"
     """``synthetic`` (teacher-labelled MLPerf-shaped data, generated in memory), ``criteo_tsv`` (raw Criteo TSV)
     or ``criteo_binary`` (a directory written by ``data/preprocess_criteo.py``, memory-mapped)."""
-    batch_size: int = 256
-    """Samples per rank per step (global batch = batch_size x world size)."""
+    batch_size: Optional[int] = None
+    """Samples per rank per step (global batch = batch_size x world size); null: 256, or ``global_batch_size / world
+    size`` when that is set. Set together with ``global_batch_size`` it must equal that quotient."""
     global_batch_size: Optional[int] = None
     """If set, the per-rank batch is ``global_batch_size / world size``, so the same command does the same math on
     any world size (must divide evenly)."""
@@ -263,7 +292,7 @@ class DataConfig:
             "data.name",
             f"got {self.name!r}; choose data=synthetic, data=criteo_tsv or data=criteo_binary",
         )
-        _check(self.batch_size > 0, "data.batch_size", "must be positive")
+        _check(self.batch_size is None or self.batch_size > 0, "data.batch_size", "must be positive or null")
         _check(
             self.global_batch_size is None or self.global_batch_size > 0,
             "data.global_batch_size",
@@ -950,6 +979,9 @@ class LoggerConfig:
     """One record per this many steps (and the last step)."""
     train_auc: bool = True
     """Compute a windowed training AUC over each logging window (histogram method)."""
+    verbose: bool = False
+    """Print the sharding plan and step-traffic tables on stdout too (always in ``train.log`` and ``plan.json``;
+    stdout gets a one-line summary of the plan)."""
     stdout: StdoutSink = field(default_factory=StdoutSink)
     tensorboard: TensorBoardSink = field(default_factory=TensorBoardSink)
     wandb: WandbSink = field(default_factory=WandbSink)

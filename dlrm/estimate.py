@@ -62,6 +62,8 @@ class Estimate:
     compute_ms: float
     comm_ms: float
     steps_per_epoch: int
+    train_samples: int
+    eval_samples: int
     epoch_low: float
     epoch_high: float
     eval_per_epoch: float
@@ -102,11 +104,19 @@ def _interpolate(points: Dict[int, float], x: int) -> float:
     return points[xs[0]]  # a single point
 
 
-def estimate(global_batch: int, world_size: int, compute_ms: float, comm_ms: float) -> Estimate:
+def estimate(
+    global_batch: int,
+    world_size: int,
+    compute_ms: float,
+    comm_ms: float,
+    train_samples: int = TRAIN_SAMPLES,
+    eval_samples: int = EVAL_SAMPLES,
+) -> Estimate:
     """The epoch and time-to-target estimate for ``world_size`` GPUs at ``global_batch``, from the per-step
-    compute and collective times in ms (module docstring)."""
-    steps = -(-TRAIN_SAMPLES // global_batch)  # the trainer's rule too: a last partial batch is one more step
-    eval_epoch = EVALS_PER_EPOCH * EVAL_SAMPLES / (world_size * EVAL_SAMPLES_PER_S_PER_GPU)
+    compute and collective times in ms (module docstring); one epoch is ``train_samples`` training rows with
+    :data:`EVALS_PER_EPOCH` evaluations of ``eval_samples`` rows (default: MLPerf's Criteo 1TB)."""
+    steps = -(-train_samples // global_batch)  # the trainer's rule too: a last partial batch is one more step
+    eval_epoch = EVALS_PER_EPOCH * eval_samples / (world_size * EVAL_SAMPLES_PER_S_PER_GPU)
     lo, hi = steps * compute_ms / 1e3, steps * (compute_ms + comm_ms) / 1e3
     epochs = epochs_to_target(global_batch)
     return Estimate(
@@ -115,6 +125,8 @@ def estimate(global_batch: int, world_size: int, compute_ms: float, comm_ms: flo
         compute_ms=compute_ms,
         comm_ms=comm_ms,
         steps_per_epoch=steps,
+        train_samples=train_samples,
+        eval_samples=eval_samples,
         epoch_low=lo + eval_epoch,
         epoch_high=hi + eval_epoch,
         eval_per_epoch=eval_epoch,
@@ -124,8 +136,12 @@ def estimate(global_batch: int, world_size: int, compute_ms: float, comm_ms: flo
     )
 
 
-def format_estimate(e: Estimate, source: str, published: Optional[str] = PUBLISHED) -> str:
-    """The estimate as text, labelled as one, with ``source`` naming where the step's compute came from."""
+def format_estimate(
+    e: Estimate, source: str, published: Optional[str] = PUBLISHED, dataset: str = "MLPerf's Criteo 1TB"
+) -> str:
+    """The estimate as text, labelled as one, with ``source`` naming where the step's compute came from and
+    ``dataset`` where the epoch's rows did. The time to the target is MLPerf's, so only for its dataset."""
+    mlperf = (e.train_samples, e.eval_samples) == (TRAIN_SAMPLES, EVAL_SAMPLES)
     rate_lo = e.per_gpu_batch / (e.compute_ms + e.comm_ms) * 1e3  # per GPU, training time only
     rate_hi = e.per_gpu_batch / e.compute_ms * 1e3
     lines = [
@@ -134,10 +150,13 @@ def format_estimate(e: Estimate, source: str, published: Optional[str] = PUBLISH
         f"  step: {e.compute_ms:.2f} ms compute ({source}) + up to {e.comm_ms:.2f} ms of collectives = "
         f"{e.compute_ms:.2f}-{e.compute_ms + e.comm_ms:.2f} ms; {rate_lo / 1e6:.2f}-{rate_hi / 1e6:.2f} M "
         "samples/s per GPU of training time",
-        f"  one epoch ({TRAIN_SAMPLES:,} samples, {e.steps_per_epoch:,} steps, {EVALS_PER_EPOCH} evaluations of "
-        f"{EVAL_SAMPLES:,} rows = {e.eval_per_epoch:.0f} s): {e.epoch_low / 60:.1f}-{e.epoch_high / 60:.1f} min",
+        f"  one epoch of {dataset} ({e.train_samples:,} samples, {e.steps_per_epoch:,} steps, {EVALS_PER_EPOCH} "
+        f"evaluations of {e.eval_samples:,} rows = {e.eval_per_epoch:.0f} s): {e.epoch_low / 60:.1f}-"
+        f"{e.epoch_high / 60:.1f} min",
         f"  to AUC 0.80275 ({e.epochs_to_target:.3f} epoch, MLPerf's reference convergence points at global batch "
-        f"{e.per_gpu_batch * e.world_size}): {e.target_low / 60:.1f}-{e.target_high / 60:.1f} min",
+        f"{e.per_gpu_batch * e.world_size}): {e.target_low / 60:.1f}-{e.target_high / 60:.1f} min"
+        if mlperf
+        else "  to AUC 0.80275: not estimated, MLPerf's reference convergence points are for its Criteo 1TB epoch",
     ]
     if published:
         lines.append(f"  published, for comparison: {published}")

@@ -227,8 +227,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     its checkpoint directory), when ``OUT`` is empty, a directory, in a directory that does not exist or cannot be
     written, or exists without ``--force`` (all checked before any table is gathered), or when writing ``OUT``
     fails (a partial file it created is removed)."""
-    ap = argparse.ArgumentParser(prog="python -m dlrm.export", description=__doc__.split("\n")[0])
-    ap.add_argument("checkpoint", help="a step_<N> checkpoint directory, or a directory holding some")
+    ap = argparse.ArgumentParser(
+        prog="python -m dlrm.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "checkpoint", help="a step_<N> checkpoint directory, or a directory of them (the newest complete one)"
+    )
     ap.add_argument("out", help="output .pt file (model config and state dict: load it with dlrm.export.load_model)")
     ap.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     args = ap.parse_args(argv)

@@ -28,12 +28,31 @@ class _OursOr(logging.Filter):
         return record.levelno >= (self.level if ours else self.other_level)
 
 
-def setup_logging(rank: int, run_dir: Optional[str]) -> None:
+class _DropMessage(logging.Filter):
+    """Drop the records whose message starts with ``prefix``; pass the rest."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+class _NoDetail(logging.Filter):
+    """Drop records logged with ``extra={"detail": True}`` (the plan and traffic tables) from stdout."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "detail", False)
+
+
+def setup_logging(rank: int, run_dir: Optional[str], verbose: bool = False) -> None:
     """Configure the root logger for this rank (idempotent).
 
-    stdout: our INFO on rank 0 (WARNING on other ranks); other libraries' ERRORs only, since FBGEMM and TorchRec
-    log every TBE's arguments at INFO and a few harmless planner warnings per table. ``train.log`` (rank 0)
-    also keeps the libraries' WARNINGs.
+    stdout: our INFO on rank 0 (WARNING on other ranks), without the records logged with ``extra={"detail":
+    True}`` (the plan and traffic tables) unless ``verbose`` (``logger.verbose``); other libraries' ERRORs only,
+    since FBGEMM and TorchRec log every TBE's arguments at INFO and a few harmless planner warnings per table.
+    ``train.log`` (rank 0) keeps everything of ours and the libraries' WARNINGs.
     """
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -42,6 +61,8 @@ def setup_logging(rank: int, run_dir: Optional[str]) -> None:
     out = logging.StreamHandler(sys.stdout)
     out.setFormatter(fmt)
     out.addFilter(_OursOr(logging.INFO if rank == 0 else logging.WARNING, logging.ERROR))
+    if not verbose:
+        out.addFilter(_NoDetail())
     root.addHandler(out)
     if rank == 0 and run_dir:
         fh = _RunFileHandler(os.path.join(run_dir, "train.log"))
@@ -93,6 +114,18 @@ def quiet_known_warnings() -> None:
     - TorchRec's FutureWarnings about its own use of DDP arguments and HeuristicalStorageReservation.
     """
     warnings.filterwarnings("ignore", message=r".*an autograd kernel was not registered to the Autograd key")
+    # torch 2.13 deprecates the collectives TorchRec 1.8 itself calls (row_wise output dist, gradient all-gather),
+    # once per rank per evaluation and training start; nothing here calls them, and TorchRec's own switch will end it
+    warnings.filterwarnings(
+        "ignore",
+        category=FutureWarning,
+        message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+    )
+    # dlrm.sharding.topology builds TorchRec's Topology directly, on purpose: it plans for the job's devices (world
+    # size, HBM cap, link rates set from the config), which TopologyFactory would resolve by probing this machine
+    planner_types = logging.getLogger("torchrec.distributed.planner.types")
+    if not any(isinstance(f, _DropMessage) for f in planner_types.filters):
+        planner_types.addFilter(_DropMessage("The topology was constructed directly rather than via TopologyFactory"))
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\..*")
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*HeuristicalStorageReservation")
 

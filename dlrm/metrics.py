@@ -118,6 +118,21 @@ class AUCHistogram:
         return float(((pos * neg_below).sum() + 0.5 * same) / (n_pos * n_neg))
 
 
+def auc_undefined(n: int, n_pos: int) -> Optional[str]:
+    """Why the ROC AUC of ``n`` rows with ``n_pos`` positive labels is undefined, or None when it is defined.
+
+    The AUC is the chance that a random positive scores above a random negative: without a row of either class
+    there is no such pair (``sklearn.metrics.roc_auc_score`` raises for it).
+    """
+    if n == 0:
+        return "no rows"
+    if n_pos == 0:
+        return f"no positive labels among {n:,} rows"
+    if n_pos == n:
+        return f"no negative labels among {n:,} rows"
+    return None
+
+
 def _entropy(p: float) -> float:
     if p <= 0.0 or p >= 1.0:
         return float("nan")
@@ -173,11 +188,12 @@ class EvalAccumulator:
         """Metrics over all ranks, the same on every rank.
 
         Returns:
-            ``auc``; ``auc_bound`` (how far the exact AUC can be from it: 0 for ``exact``, the histogram's
-            :attr:`AUCHistogram.bound`); ``logloss`` (mean BCE in nats); ``ne`` (normalized entropy: logloss divided
-            by the entropy of the mean label, < 1 beats predicting the average CTR); ``accuracy`` (threshold 0.5);
-            ``calibration`` (mean prediction / mean label, 1 is calibrated); ``ctr`` (mean label); ``samples``
-            (int).
+            ``auc`` (NaN when undefined); ``auc_undefined`` (None, or why the AUC is undefined:
+            :func:`auc_undefined`); ``auc_bound`` (how far the exact AUC can be from it: 0 for ``exact``, the
+            histogram's :attr:`AUCHistogram.bound`); ``logloss`` (mean BCE in nats); ``ne`` (normalized entropy:
+            logloss divided by the entropy of the mean label, < 1 beats predicting the average CTR); ``accuracy``
+            (threshold 0.5); ``calibration`` (mean prediction / mean label, 1 is calibrated); ``ctr`` (mean label);
+            ``samples`` (int).
         """
         sums = self.sums.clone()
         if _dist_on():
@@ -196,6 +212,7 @@ class EvalAccumulator:
         logloss = bce / n if n else nan
         return {
             "auc": auc,
+            "auc_undefined": auc_undefined(int(n), int(n_pos)),
             "auc_bound": bound,
             "logloss": logloss,
             "ne": logloss / _entropy(ctr) if n else nan,

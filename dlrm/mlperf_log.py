@@ -22,8 +22,11 @@ and any test split, which are not timed); a run that SIGTERM ends early logs no 
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Dict, Optional
+
+MLLOG_LOGGER = "dlrm.mllog"  # writes mlperf.log only
 
 
 class MlperfLogger:
@@ -45,10 +48,18 @@ class MlperfLogger:
 
         self.c = mllog.constants
         path = os.path.join(run_dir, cfg.file)
-        mllog.config(filename=path, root_dir=os.path.dirname(os.path.abspath(__file__)))
+        # mllog's default logger prints every line to stdout as well as to the file; ours writes the file only
+        # (metrics.jsonl and the step lines carry the same figures), and does not propagate to train.log
+        lg = logging.getLogger(MLLOG_LOGGER)
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+        for h in list(lg.handlers):  # an earlier run's file in this process
+            lg.removeHandler(h)
+            h.close()
+        lg.addHandler(logging.FileHandler(path))
+        mllog.config(root_dir=os.path.dirname(os.path.abspath(__file__)))
         self._m = mllog.get_mllogger()
-        # mllog also echoes every line to the root logger at INFO; metrics.jsonl and stdout already carry them.
-        self._m.logger.propagate = False
+        self._m.logger = lg
 
     def init_start(self) -> None:
         """Log ``cache_clear``, ``init_start`` and the submission keys (benchmark ``dlrm_dcnv2``, org, division,

@@ -1,8 +1,8 @@
-"""Plan a job without training: the TorchRec planner on the meta device, for any world size, on any machine.
+"""Plan a job without training: the TorchRec planner on the meta device, for up to 1024 ranks, on any machine.
 
     python -m dlrm.plan model=dlrm_v2 world_size=8 device=cuda sharding.hbm_cap_gb=139.8 data.global_batch_size=65536
     python -m dlrm.plan sharding=row_wise world_size=4 local_world_size=2 out=plan.json --link-gbps 400
-    python -m dlrm.plan experiment=mlperf_dlrmv2 data.dataset_dir=DIR perf=fast world_size=8 device=cuda \
+    python -m dlrm.plan experiment=mlperf_dlrmv2 data.dataset_dir=DIR perf=fast world_size=8 device=cuda \\
         sharding.hbm_cap_gb=139.8 --estimate      # + an estimate of one MLPerf epoch and the time to the target
     python train.py sharding.plan_path=plan.json ...          # then train with exactly that plan
 
@@ -18,8 +18,10 @@ dist and the all-reduces, and their time at ``--link-gbps``, or on CUDA without 
 Gb/s = 450 GB/s) within a host and 400 Gb/s InfiniBand across hosts (no times for CPU jobs without it). A bad
 override, config or plan: one ``error:`` line, exit status 2. No process group and no table memory are needed:
 tables stay on meta.
-``--estimate`` adds :mod:`dlrm.estimate`'s estimate of one MLPerf epoch and the time to AUC 0.80275 on
-``world_size`` H200s (the step's compute from measured one-GPU figures of ``perf=fast``, or ``--step-ms X``).
+``--estimate`` adds :mod:`dlrm.estimate`'s estimate of one epoch of the configured data (``data.dataset_dir``'s
+rows, the synthetic sizes, or the TSV's rows: :func:`dataset_epoch`) and, on MLPerf's Criteo 1TB, the time to AUC
+0.80275 on ``world_size`` H200s (the step's compute from measured one-GPU figures of ``perf=fast``, or
+``--step-ms X``). A ``data.dataset_dir`` hashed into other table rows than the model's is refused before planning.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dlrm.config import (
     compose,
     error_line,
     output_file_problem,
+    per_rank_batch,
     to_config,
     unknown_key_error,
 )
@@ -49,6 +52,10 @@ from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
 from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
 
+# The largest world size planned: TorchRec's planner (1.8) took about a minute for 1024 CPU ranks of the default
+# model on a 2-core host (its enumerator 27 s for 182 options, 311 partitions 23 s); both grow with the ranks
+# (every option holds a shard per rank, every partition deep-copies the per-rank topology).
+MAX_WORLD_SIZE = 1024
 OWN_KEYS = ("world_size", "local_world_size", "out", "force")
 LINK_FLAG = "--link-gbps"
 ESTIMATE_FLAG = "--estimate"
@@ -174,6 +181,13 @@ def _plan_job(
     cfg = to_config(compose(list(overrides)))
     if world_size < 1:
         raise ConfigError(f"config key `world_size`: must be >= 1 (got {world_size})")
+    if world_size > MAX_WORLD_SIZE:
+        raise ConfigError(
+            f"config key `world_size`: {world_size} ranks is more than this planner plans ({MAX_WORLD_SIZE}): "
+            "TorchRec's planner copies every rank's state for each of its hundreds of proposals, so its time grows "
+            f"with the world size (about a minute at {MAX_WORLD_SIZE}, far longer beyond); plan for at most "
+            f"{MAX_WORLD_SIZE} ranks"
+        )
     if local_world_size is not None and (local_world_size < 1 or world_size % local_world_size):
         raise ConfigError(
             f"config key `local_world_size`: must be >= 1 and divide world_size={world_size} (got "
@@ -186,10 +200,7 @@ def _plan_job(
         device = torch.device("cpu")
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    gb = cfg.data.global_batch_size
-    if gb is not None and gb % world_size:
-        raise ConfigError(f"config key `data.global_batch_size`: {gb} does not divide over {world_size} ranks")
-    batch = gb // world_size if gb else cfg.data.batch_size
+    batch = per_rank_batch(cfg.data, world_size)
     model = build_model(cfg.model, dense_device=torch.device("meta"), perf=cfg.perf)
     fuse_embedding_optimizer(model, cfg.optimizer)
     pooling = {
@@ -208,6 +219,52 @@ def _plan_job(
         constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
     )
     return pi, cfg, model, batch
+
+
+def dataset_epoch(cfg: Config, table_rows: Sequence[int]) -> Tuple[int, int, str]:
+    """The epoch of the configured data: ``(training rows, validation rows, what they are)``.
+
+    ``data=synthetic``: ``data.num_train_samples`` / ``num_val_samples``. ``data=criteo_binary``: the rows of
+    ``data.dataset_dir``'s ``meta.json`` (MLPerf split rule, ``data.max_rows`` applied), its table rows checked
+    against the model's as the trainer does. ``data=criteo_tsv``: ``data.max_rows`` or the lines of
+    ``data.train_path``, validated by ``data.val_path``'s lines or the ``data.val_fraction`` split.
+
+    Raises:
+        BinaryFormatError: ``data.dataset_dir`` has no usable ``meta.json``, or other table rows than the model.
+        FileNotFoundError / InputError: a ``criteo_tsv`` path that is not a file.
+    """
+    d = cfg.data
+    if d.name == "synthetic":
+        return d.num_train_samples, d.num_val_samples, "the synthetic data"
+    if d.name == "criteo_binary":
+        assert d.dataset_dir is not None  # the config refuses criteo_binary without it
+        from dlrm.data import binary
+
+        meta = binary.read_dataset_meta(d.dataset_dir)
+        binary.check_table_rows(meta, d.dataset_dir, table_rows)
+        r = binary.split_ranges(meta, d.dataset_dir)
+        train = sum(stop - first for _, first, stop in r["train"])
+        train = min(train, d.max_rows) if d.max_rows else train
+        val = sum(stop - first for _, first, stop in r["val"])
+        return train, val, d.dataset_dir
+    from dlrm.data import held_out_rows
+    from dlrm.data.criteo_tsv import check_file, count_rows
+
+    assert d.train_path is not None  # the config refuses criteo_tsv without it
+    check_file(d.train_path)
+    rows = count_rows(d.train_path)
+    if d.val_path:
+        check_file(d.val_path, "data.val_path")
+        return min(rows, d.max_rows or rows), count_rows(d.val_path), d.train_path
+    # as dlrm.data.load_criteo_tsv splits the rows it reads
+    want = d.max_rows + held_out_rows(d.max_rows, d.val_fraction) if d.max_rows else rows
+    read = min(rows, want)
+    if d.max_rows and read == want:
+        train = d.max_rows
+    else:
+        train = int(round(read * (1.0 - d.val_fraction)))
+        train = min(train, d.max_rows) if d.max_rows else train
+    return train, read - train, d.train_path
 
 
 def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: dict) -> str:
@@ -234,7 +291,9 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
         except ValueError as e:  # no measured figure for this optimizer or batch
             raise ConfigError(f"{ESTIMATE_FLAG}: {e}") from None
         source = f"perf=fast{' pipeline=graphed' if graphed else ''} on one H200, measured"
-    return est.format_estimate(est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms), source)
+    train, val, what = dataset_epoch(cfg, cfg.model.table_rows)
+    e = est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms, train_samples=train, eval_samples=val)
+    return est.format_estimate(e, source, dataset=what)
 
 
 def _check_out(out: str, force: bool) -> None:
@@ -271,12 +330,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         own, overrides = _split_args(args)
         if "out" in own:
             _check_out(own["out"], own.get("force", False))
+        cfg = to_config(compose(list(overrides)))
+        dataset_epoch(cfg, cfg.model.table_rows)  # the data it names is usable: checked before planning
         pi, cfg, model, batch = _plan_job(
             overrides,
             own.get("world_size", 1),
             own.get("local_world_size"),
         )
-    except (InputError, HydraException, OmegaConfBaseException) as e:
+    except (InputError, FileNotFoundError, HydraException, OmegaConfBaseException) as e:
         # ConfigError and PlanError are InputErrors; any other exception is a defect and keeps its traceback
         print(f"error: {error_line(e)}", file=sys.stderr)  # Hydra's: a misspelt key, a value of the wrong type
         return 2

@@ -63,8 +63,15 @@ def _num(v: Any) -> Optional[float]:
 
 def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """``steps``, ``samples``, ``final_auc``, ``best_auc``, ``test_auc``, ``median_samples_per_s``, ``wall_s``
-    (training seconds over all segments of a resumed run) (None where the run has no such record)."""
+    (training seconds over all segments of a resumed run) (None where the run has no such record); ``undefined``:
+    ``{"val"|"test": why}`` where the last evaluation of that split logged its AUC as undefined (``<kind>_auc``
+    null beside ``<kind>_auc_undefined``, a split of one class)."""
     train = [r for r in records if "loss" in r]
+    undefined = {}
+    for kind in ("val", "test"):
+        last = [r for r in records if f"{kind}_auc" in r][-1:]
+        if last and last[0].get(f"{kind}_auc_undefined"):
+            undefined[kind] = last[0][f"{kind}_auc_undefined"]
     vals = [_num(r["val_auc"]) for r in records if "val_auc" in r]
     vals = [v for v in vals if v is not None]
     tests = [_num(r["test_auc"]) for r in records if "test_auc" in r]
@@ -77,6 +84,7 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
         "test_auc": tests[-1] if tests else None,
         "median_samples_per_s": statistics.median(speeds) if speeds else None,
         "wall_s": _wall_s(records) if train else None,
+        "undefined": undefined,
     }
 
 
@@ -93,15 +101,23 @@ def _wall_s(records: List[Dict[str, Any]]) -> float:
 
 
 def _fmt(v: Any, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    return "-" if v is None else v if isinstance(v, str) else format(v, spec)
 
 
 def table(runs: Dict[str, List[Dict[str, Any]]]) -> str:
-    """The summary table as aligned text, one row per run."""
+    """The summary table as aligned text, one row per run; an AUC logged as undefined shows as ``undefined``, with
+    the reason on a line below the table."""
     head = ["run", "steps", "samples", "final AUC", "best AUC", "test AUC", "samples/s (median)", "wall s"]
     rows = [head]
+    notes = []
     for name, recs in runs.items():
         s = summarize(recs)
+        for kind, why in s["undefined"].items():
+            notes.append(f"{name}: {'validation' if kind == 'val' else 'test'} AUC undefined ({why})")
+        if "val" in s["undefined"]:
+            s["final_auc"] = "undefined"
+        if "test" in s["undefined"]:
+            s["test_auc"] = "undefined"
         rows.append(
             [
                 name,
@@ -116,7 +132,8 @@ def table(runs: Dict[str, List[Dict[str, Any]]]) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join(
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows
+        ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        + notes
     )
 
 

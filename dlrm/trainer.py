@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import math
 import os
@@ -38,7 +39,7 @@ from dlrm.checkpoint import (
     planning_inputs,
     saved_plan,
 )
-from dlrm.config import Config, ConfigError, to_config
+from dlrm.config import Config, ConfigError, per_rank_batch, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.graphed import GraphedTrainPipeline, check_graphed, use_capture_stream
 from dlrm.loggers import MetricsLogger, setup_logging
@@ -196,6 +197,7 @@ class Trainer:
         self._input_warned = False
         self._windows_logged = 0  # by this process: a resumed run's first window also holds the compile
         self.history: list = []
+        self.target_met_before = False  # resumed from the checkpoint where the run reached eval.target_auc
         self._locks: List[DirLock] = []  # ownership of the run (and checkpoint) directory, rank 0
 
     @property
@@ -264,7 +266,7 @@ class Trainer:
                 raise ConfigError(
                     f"config key `{key}`: cannot make {path} ({e.strerror or e}); give a writable path"
                 ) from None
-        setup_logging(info.rank, self.run_dir)
+        setup_logging(info.rank, self.run_dir, cfg.logger.verbose)
         for lock in self._locks:
             if lock.notice is not None:
                 log.log(*lock.notice)
@@ -276,13 +278,7 @@ class Trainer:
             else OmegaConf.to_container(OmegaConf.structured(cfg))
         )
 
-        gb = cfg.data.global_batch_size
-        if gb is not None and gb % info.world_size:
-            raise ConfigError(
-                f"config key `data.global_batch_size`: {gb} does not divide over "
-                f"{info.world_size} ranks; use a multiple of the world size"
-            )
-        self.batch_size = gb // info.world_size if gb else cfg.data.batch_size
+        self.batch_size = per_rank_batch(cfg.data, info.world_size)
         self.global_batch = self.batch_size * info.world_size
         self.eval_batch_size = cfg.eval.batch_size or self.batch_size
 
@@ -406,7 +402,8 @@ class Trainer:
         )
         log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
         if info.is_main:
-            log.info("%s", format_plan(self.model.plan_info))
+            log.info("%s", plan_summary(self.model.plan_info))
+            log.info("%s", format_plan(self.model.plan_info), extra={"detail": True})
             traffic = model_traffic(
                 cfg,
                 self.plan,
@@ -415,7 +412,7 @@ class Trainer:
                 local_world_size=info.local_world_size,
                 batch_size=self.batch_size,
             )
-            log.info("%s", traffic_report(traffic, info.device.type))
+            log.info("%s", traffic_report(traffic, info.device.type), extra={"detail": True})
         log.info(
             "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
             self.batch_size,
@@ -459,6 +456,17 @@ class Trainer:
                     resume_from,
                     self.step,
                     self.total_steps,
+                )
+            reached, target = self.state.target_auc_reached, cfg.eval.target_auc
+            if self.step < self.total_steps and reached is not None and target is not None and reached >= target:
+                self.target_met_before = True  # a relaunch of a run that stopped at its target: the same
+                log.warning(
+                    "checkpoint %s is at step %d, where this run reached eval.target_auc=%s (validation AUC %.5f): "
+                    "nothing left to train; raise eval.target_auc (or set it to null) to go on",
+                    resume_from,
+                    self.step,
+                    target,
+                    reached,
                 )
         if info.is_main:  # only once the resume checks passed: a refused relaunch leaves the run's files as they were
             path = os.path.join(self.run_dir, "config.yaml")
@@ -597,7 +605,8 @@ class Trainer:
         last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
-        target_hit = False
+        self._fit_first_step = self.step  # the ETA counts this process's steps (a resume starts later)
+        target_hit = self.target_met_before
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
         self.model.train()
@@ -610,7 +619,7 @@ class Trainer:
             cfg.profile_wait_steps,
             cfg.profile_steps,
         )
-        while self.step < self.total_steps:
+        while self.step < self.total_steps and not target_hit:
             self.profiler.begin_step(self.step + 1)
             out = self.pipeline.progress(it)
             self.profiler.end_step()
@@ -637,6 +646,7 @@ class Trainer:
                 # a histogram AUC counts as reached only if the exact one must be: a success MLPerf would accept
                 if target is not None and last_val["val_auc"] - last_val["val_auc_bound"] >= target:
                     target_hit = True
+                    self.state.target_auc_reached = last_val["val_auc"] - last_val["val_auc_bound"]
                     msg = (
                         f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
                         f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
@@ -661,14 +671,14 @@ class Trainer:
         self.profiler.close()
         if isinstance(self.pipeline, GraphedTrainPipeline):
             self.pipeline.check_bag_sizes()
-        if target_hit and not (self.step % every == 0 or self.step == self.total_steps):
+        if target_hit and not self.target_met_before and not (self.step % every == 0 or self.step == self.total_steps):
             self._log_window(win, t_start)  # the early stop's partial window (the loop logs the others)
         self.ckpt.at_end(self.state)  # checkpoint: the last step, if an early stop skipped its periodic save
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
         if last_val and info.is_main:
             self.metrics.log_line(
-                f"final validation AUC {last_val['val_auc']:.4f} (logloss {last_val['val_logloss']:.5f}, "
+                f"final validation AUC {_auc_text(last_val, 'val_')} (logloss {_num(last_val['val_logloss'], '.5f')}, "
                 f"{last_val['val_samples']:,} samples) after {self.step} steps, "
                 f"{time.perf_counter() - t_start:.1f}s"
             )
@@ -719,6 +729,8 @@ class Trainer:
             "samples": self.samples_seen,
             "time_s": time.perf_counter() - t_start,
         }
+        # remaining steps at this process's wall time per step so far (evaluations and saves included)
+        rec["eta_s"] = rec["time_s"] / max(self.step - self._fit_first_step, 1) * (self.total_steps - self.step)
         if self.skip_nonfinite:
             rec["skipped_batches"] = stats["skipped_global"]
         self._windows_logged += 1
@@ -737,7 +749,8 @@ class Trainer:
             (
                 f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {rec['loss']:.5f} | "
                 f"auc(win) {auc} | lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | "
-                f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s"
+                f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s | "
+                f"eta {datetime.timedelta(seconds=round(rec['eta_s']))}"
             ),
         )
         self.last_train = {
@@ -779,11 +792,14 @@ class Trainer:
         rec.update({f"{kind}_{k}": v for k, v in res.items()})
         rec["eval_s"] = time.perf_counter() - t0
         rec["eval_samples_per_s"] = res["samples"] / max(rec["eval_s"], 1e-9)
+        if res["auc_undefined"] is None:
+            del rec[f"{kind}_auc_undefined"]
         self.metrics.log(
             rec,
             (
-                f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {res['auc']:.4f} | logloss {res['logloss']:.5f} | "
-                f"ne {res['ne']:.4f} | acc {res['accuracy']:.4f} | calib {res['calibration']:.3f} | "
+                f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {_auc_text(res)} | "
+                f"logloss {_num(res['logloss'], '.5f')} | ne {_num(res['ne'], '.4f')} | "
+                f"acc {_num(res['accuracy'], '.4f')} | calib {_num(res['calibration'], '.3f')} | "
                 f"{res['samples']:,} samples | {rec['eval_s']:.1f}s"
             ),
             kind=kind,
@@ -812,6 +828,29 @@ class Trainer:
             for lock in self._locks:  # last: the run's files are complete
                 lock.release()
             self._locks = []
+
+
+def plan_summary(pi: Any) -> str:
+    """One line for stdout: the tables per sharding type and kernel, and where the full plan is."""
+    kinds: Dict[str, set] = {}
+    for sh in pi.shards:
+        kinds.setdefault(f"{sh['sharding_type']} {sh['compute_kernel']}", set()).add(sh["table"])
+    types = ", ".join(f"{len(t)} {k}" for k, t in sorted(kinds.items(), key=lambda kv: -len(kv[1])))
+    return (
+        f"sharding plan ({pi.source}) for {pi.world_size} rank{'s' * (pi.world_size != 1)}: tables {types}; the "
+        "plan and step-traffic tables are in train.log and plan.json (logger.verbose=true prints them here)"
+    )
+
+
+def _num(v: float, spec: str) -> str:
+    """``v`` formatted, or ``n/a`` for NaN (a metric undefined on this split)."""
+    return format(v, spec) if math.isfinite(v) else "n/a"
+
+
+def _auc_text(res: Dict[str, Any], prefix: str = "") -> str:
+    """The AUC of an evaluation record for a log line, or ``undefined (<why>)`` (:func:`dlrm.metrics.auc_undefined`)."""
+    why = res.get(f"{prefix}auc_undefined")
+    return f"undefined ({why})" if why else _num(res[f"{prefix}auc"], ".4f")
 
 
 def _peak_memory_gb(device: torch.device) -> float:

@@ -39,6 +39,12 @@ OUTPUTS_DST = "/outputs"
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+# Per GPU when --cpu / --memMB are not given: the README's Kubernetes MLPerf example (96 CPUs and 1,000,000 MB for
+# an 8-GPU node), so that the Slurm command beside it gets a GPU node's resources, not a CPU job's 2 CPUs and 8 GB.
+CPU_PER_GPU = 12
+MEM_MB_PER_GPU = 125_000
+
+
 def _mount(src: str, dst: str, readonly: bool) -> List[str]:
     """torchx mount options for ``src`` (``pvc:NAME``: a Kubernetes persistent volume claim, else a host path),
     as the list ``specs.parse_mounts`` takes: ``["type=bind", "src=/host", "dst=/data", "readonly"]``."""
@@ -54,8 +60,8 @@ def trainer(
     j: str = "1x2",
     image: str = "dlrm-v2:latest",
     gpu: int = 0,
-    cpu: int = 2,
-    memMB: int = 8192,
+    cpu: Optional[int] = None,
+    memMB: Optional[int] = None,
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     nccl_debug: str = "WARN",
@@ -76,8 +82,8 @@ def trainer(
         image: Docker image for local_docker / kubernetes (built from this repo's Dockerfile); local_cwd runs
             in the current directory and ignores it.
         gpu: GPUs per node (0 on CPU-only machines: gloo instead of NCCL).
-        cpu: CPUs per node.
-        memMB: host memory per node, MB.
+        cpu: CPUs per node (default: 2 for a CPU job, :data:`CPU_PER_GPU` per GPU).
+        memMB: host memory per node, MB (default: 8192 for a CPU job, :data:`MEM_MB_PER_GPU` per GPU).
         h: a torchx named resource (e.g. ``aws_p5.48xlarge``); overrides cpu, gpu and memMB.
         env: extra environment variables, merged over the defaults (``NCCL_NVLS_ENABLE=0``, ``PYTHONUNBUFFERED=1``,
             ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, and ``NCCL_DEBUG`` from ``nccl_debug``).
@@ -112,6 +118,10 @@ def trainer(
             f"-j {j} runs {nproc} processes per node but --gpu {gpu} gives each node {gpu} GPUs; run at most one "
             f"process per GPU (-j ...x{gpu}) or ask for --gpu {nproc}"
         )
+    if cpu is None:
+        cpu = CPU_PER_GPU * gpu if gpu else 2
+    if memMB is None:
+        memMB = MEM_MB_PER_GPU * gpu if gpu else 8192
     job_env: Dict[str, str] = dict(DEFAULT_ENV)
     if nccl_debug:
         job_env["NCCL_DEBUG"] = nccl_debug

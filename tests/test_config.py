@@ -448,3 +448,19 @@ def test_mlperf_experiment_is_the_closed_recipe() -> None:
     assert (c.eval.per_epoch, c.eval.every_n_steps, c.eval.at_end, c.eval.target_auc) == (20, None, False, 0.80275)
     assert c.logger.mlperf.enabled and c.logger.stdout.enabled and c.eval.auc_method == "auto"
     assert c.logger.mlperf.submission_division == "closed"
+
+
+def test_batch_size_and_global_batch_size_that_disagree_are_refused(capsys) -> None:
+    """Both keys set: they must agree at this world size (the trainer and dlrm.plan share the rule)."""
+    from dlrm.config import DataConfig, per_rank_batch
+    from dlrm.plan import main as plan_main
+
+    assert per_rank_batch(DataConfig(), 4) == 256
+    assert per_rank_batch(DataConfig(batch_size=64), 4) == 64
+    assert per_rank_batch(DataConfig(global_batch_size=512), 4) == 128
+    assert per_rank_batch(DataConfig(batch_size=128, global_batch_size=512), 4) == 128
+    assert plan_main(["world_size=2", "data.batch_size=128", "data.global_batch_size=512"]) == 2
+    assert capsys.readouterr().err == (
+        "error: config keys `data.batch_size` and `data.global_batch_size` disagree: 128 per rank x 2 ranks is 256, "
+        "not 512; set one of them (data.global_batch_size=null to give the batch per rank)\n"
+    )

@@ -91,3 +91,42 @@ def test_plan_cli_estimate_errors(capsys: pytest.CaptureFixture) -> None:
     )
     assert main([*SMALL, "--estimate", "--step-ms", "x"]) == 2
     assert "error: --step-ms: got 'x'" in capsys.readouterr().err
+
+
+def test_estimate_uses_the_configured_epoch(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """--estimate counts the epoch of the data the config names (MLPerf's time to the target only for MLPerf's);
+    a dataset hashed into other table rows is refused before planning, as the trainer refuses it."""
+    import numpy as np
+
+    from dlrm.data import binary_format as B
+
+    assert main([*SMALL, "--estimate", "--step-ms", "5", "data.num_train_samples=100000"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  one epoch of the synthetic data (100,000 samples, 7 steps, 20 evaluations of 16,384 rows = 0 s): "
+        "0.0-0.0 min\n  to AUC 0.80275: not estimated, MLPerf's reference convergence points are for its Criteo 1TB "
+        "epoch\n"
+    ) in out
+    from dlrm.config import ModelConfig
+
+    rows = ModelConfig(row_cap=50).table_rows
+    day = (np.zeros((300, 13), np.float32), np.zeros((300, 26), np.int32), np.zeros(300, np.int8))
+    B.write_dataset(str(tmp_path / "bin"), [day, day, day], rows)
+    binary = [*SMALL, "data=criteo_binary", f"data.dataset_dir={tmp_path / 'bin'}", "--estimate", "--step-ms", "5"]
+    assert main([*binary, "model.row_cap=50"]) == 0
+    assert (
+        f"one epoch of {tmp_path / 'bin'} (600 samples, 1 steps, 20 evaluations of 150 rows" in capsys.readouterr().out
+    )
+    assert main(binary) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: config key `model.num_embeddings_per_feature` / `model.row_cap`: the model's table")
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_plan_refuses_a_world_size_it_cannot_plan_at_once(capsys: pytest.CaptureFixture) -> None:
+    assert main(["world_size=10000"]) == 2
+    assert capsys.readouterr().err == (
+        "error: config key `world_size`: 10000 ranks is more than this planner plans (1024): TorchRec's planner "
+        "copies every rank's state for each of its hundreds of proposals, so its time grows with the world size "
+        "(about a minute at 1024, far longer beyond); plan for at most 1024 ranks\n"
+    )

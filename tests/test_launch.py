@@ -359,6 +359,16 @@ def test_component_refuses_negative_retries_and_more_processes_than_gpus(kwargs:
     assert p.returncode != 0 and p.stderr.splitlines()[-1] == f"ValueError: {message}", p.stdout + p.stderr
 
 
+def test_component_sizes_a_gpu_node_unless_told() -> None:
+    """The README's Slurm MLPerf command gives no --cpu / --memMB: an 8-GPU node gets 96 CPUs and 1 TB, not the
+    CPU job's 2 and 8 GB."""
+    res = [
+        trainer(j=j, gpu=g, **kw).roles[0].resource
+        for j, g, kw in (("2x8", 8, {}), ("1x2", 0, {}), ("1x8", 8, {"cpu": 4}))
+    ]
+    assert [(r.cpu, r.memMB) for r in res] == [(96, 1_000_000), (2, 8192), (4, 1_000_000)]
+
+
 def test_component_accepts_one_process_per_gpu_or_a_cpu_job() -> None:
     assert "--nproc_per_node 2" in trainer(j="1x2", gpu=2).roles[0].args[1]
     assert "--nproc_per_node 4" in trainer(j="1x4", gpu=0).roles[0].args[1]  # gloo on CPUs: no GPU to share

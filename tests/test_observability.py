@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -478,3 +479,161 @@ def test_profile_writes_a_labelled_trace_of_the_chosen_steps(tmp_path: Path, com
     assert (COMPILED_LABEL in names) is compiled
     assert any(n.startswith("## start_sparse_data_dist") for n in names)  # TorchRec's input-dist range
     assert any(n.startswith("## optimizer") for n in names)
+
+
+def test_auc_of_a_one_class_split_is_undefined_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A validation split of negatives only and a test split of positives only: each evaluation line, the final
+    summary, metrics.jsonl (``null`` beside ``<kind>_auc_undefined``) and dlrm.report say why, never ``nan``."""
+    from dlrm.report import main as report_main
+
+    def rows(labels: str) -> str:
+        return "".join(
+            "\t".join([y, str(i % 7)] + [""] * 12 + [f"{i % 5:x}"] * 26) + "\n" for i, y in enumerate(labels)
+        )
+
+    for name, labels in (("train", "01" * 64), ("val", "0" * 48), ("test", "1" * 40)):
+        (tmp_path / f"{name}.tsv").write_text(rows(labels))
+    d = tmp_path / "run"
+    p = run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={d}",
+            "experiment=criteo_sample",
+            *(f"data.{k}_path={tmp_path / k}.tsv" for k in ("train", "val", "test")),
+            "data.min_id_count=0",
+            "trainer.max_steps=2",
+            "eval.every_n_steps=null",
+        ]
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = records(d)
+    val = next(r for r in recs if "val_auc" in r)
+    test = next(r for r in recs if "test_auc" in r)
+    assert (val["val_auc"], val["val_auc_undefined"]) == (None, "no positive labels among 48 rows")
+    assert (test["test_auc"], test["test_auc_undefined"]) == (None, "no negative labels among 40 rows")
+    assert (val["val_ne"], val["val_calibration"], test["test_ne"]) == (None, None, None)  # no positives / entropy 0
+    evals = [line for line in p.stdout.splitlines() if line.startswith(("val ", "test ", "final "))]
+    assert [re.sub(r"\| [0-9.]+s$|, [0-9.]+s$", "", line) for line in evals] == [
+        f"val       2/2 | auc undefined (no positive labels among 48 rows) | logloss {val['val_logloss']:.5f} | "
+        f"ne n/a | acc {val['val_accuracy']:.4f} | calib n/a | 48 samples ",
+        f"test      2/2 | auc undefined (no negative labels among 40 rows) | logloss {test['test_logloss']:.5f} | "
+        f"ne n/a | acc {test['test_accuracy']:.4f} | calib {test['test_calibration']:.3f} | 40 samples ",
+        f"final validation AUC undefined (no positive labels among 48 rows) (logloss {val['val_logloss']:.5f}, 48 "
+        "samples) after 2 steps",
+    ], p.stdout
+    assert "nan" not in p.stdout.lower() and "NaN" not in (d / "metrics.jsonl").read_text()
+    assert report_main([str(d), "--out", str(tmp_path / "r.png")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split()[3:6] == ["undefined", "-", "undefined"]
+    assert table[2:4] == [
+        "run: validation AUC undefined (no positive labels among 48 rows)",
+        "run: test AUC undefined (no negative labels among 40 rows)",
+    ]
+
+
+def test_relaunch_after_the_target_auc_is_a_no_op(tmp_path: Path) -> None:
+    """A run that stopped at eval.target_auc, relaunched: nothing is trained and no checkpoint is added, as after
+    trainer.max_steps (metrics.jsonl gains only the resume marker); with a higher target it trains on."""
+    from dlrm.trainer import Trainer
+
+    base = [
+        *SMALL,
+        "data.num_test_samples=0",
+        "eval.every_n_steps=2",
+        "eval.target_auc=0.6",
+        "checkpoint.every_n_steps=100",
+        "checkpoint.async_save=false",
+        "logger=[jsonl]",
+    ]
+
+    def fit(extra: list) -> Trainer:
+        t = Trainer(compose(base + extra), str(tmp_path))
+        try:
+            t.fit()
+        finally:
+            t.close()
+        return t
+
+    first = fit([])
+    stop = first.step
+    assert 0 < stop < first.total_steps and first.state.target_auc_reached >= 0.6
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [f"step_{stop}"]
+    kept = (tmp_path / "metrics.jsonl").read_text()
+    again = fit([])
+    assert again.step == stop and again.target_met_before
+    now = (tmp_path / "metrics.jsonl").read_text()
+    added = [json.loads(line) for line in now[len(kept) :].splitlines()]
+    assert now.startswith(kept) and [(r["event"], r["step"], r["superseded"]) for r in added] == [("resume", stop, 0)]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [f"step_{stop}"]
+    higher = fit(["eval.target_auc=0.99", "trainer.max_steps=" + str(stop + 2)])
+    assert higher.step == stop + 2 and not higher.target_met_before
+
+
+def test_mlperf_log_lines_go_to_their_file_only(tmp_path: Path) -> None:
+    """mllog's own logger also prints every line to stdout: the trainer's writes mlperf.log alone."""
+    code = (
+        "import sys; from dlrm.config import MlperfSink; from dlrm.mlperf_log import MlperfLogger; "
+        "m = MlperfLogger(sys.argv[1], MlperfSink(enabled=True), is_main=True); m.init_start(); m.run_start()"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0 and (p.stdout, p.stderr) == ("", ""), p.stdout + p.stderr
+    assert [e["key"] for e in _mllog(tmp_path / "mlperf.log")][:3] == [
+        "cache_clear",
+        "init_start",
+        "submission_benchmark",
+    ]
+
+
+def test_step_lines_end_with_an_eta(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """ETA = wall time per step so far x steps left: at step 2 of 4 it is the time so far, at the end 0."""
+    import datetime
+
+    from dlrm.trainer import Trainer
+
+    base = ["data.num_train_samples=1024", "data.num_val_samples=256", "data.num_test_samples=0"]
+    t = Trainer(
+        compose([*base, "trainer.max_steps=4", "logger.log_every_n_steps=2", "eval.every_n_steps=null"]), str(tmp_path)
+    )
+    try:
+        t.fit()
+    finally:
+        t.close()
+    recs = [r for r in records(tmp_path) if "loss" in r]
+    assert [r["eta_s"] for r in recs] == [recs[0]["time_s"], 0.0]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.rsplit(" | ", 1)[1] for line in lines] == [
+        f"eta {datetime.timedelta(seconds=round(r['eta_s']))}" for r in recs
+    ]
+
+
+def test_start_up_is_short_and_library_warnings_are_quiet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """On 2 ranks: one plan line on stdout (the tables in train.log), no TorchRec topology warning and no torch
+    deprecation warning per evaluation; logger.verbose=true prints the tables on stdout too."""
+    from dlrm.trainer import Trainer
+
+    small = ["data.num_train_samples=2048", "data.num_val_samples=512", "data.num_test_samples=0"]
+    d = tmp_path / "run"
+    p = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "train.py", f"hydra.run.dir={d}", *small]
+        + ["trainer.max_steps=4", "eval.every_n_steps=2", "logger.log_every_n_steps=2"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout + p.stderr
+    assert "Warning" not in out and "deprecated" not in out and "the job will fail" not in out, out
+    assert "sharding plan (planner) for 2 ranks: tables 22 row_wise fused, 4 data_parallel dense; the plan" in out
+    assert "shards (rows x cols)" not in out and "bytes each rank hands each collective" not in out
+    log = (d / "train.log").read_text()
+    assert "shards (rows x cols)" in log and "bytes each rank hands each collective" in log
+    assert "TopologyFactory" not in log
+    t = Trainer(compose([*small, "trainer.max_steps=1", "logger.verbose=true"]), str(tmp_path / "verbose"))
+    try:
+        t.setup()
+    finally:
+        t.close()
+    assert "shards (rows x cols)" in capsys.readouterr().out

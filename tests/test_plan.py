@@ -746,3 +746,28 @@ def test_plan_is_the_same_under_every_hash_seed(tmp_path: Path) -> None:
         assert re.search(r"fingerprint [0-9a-f]{12}:", p.stdout)
     assert docs[0] == docs[1] == docs[2]
     assert re.fullmatch(r"[0-9a-f]{12}", docs[0]["fingerprint"])
+
+
+def test_help_of_every_command_is_whole_and_says_what_to_run() -> None:
+    """train.py's help is the trainer's (groups, examples, where every key is), not Hydra's config dump; the
+    preprocessing lists its subcommands; dlrm.export and dlrm.plan print their docstrings whole, unbroken."""
+    import dlrm.export
+    import dlrm.plan
+
+    def help_of(*cmd: str) -> str:
+        p = subprocess.run([sys.executable, *cmd, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        return p.stdout
+
+    train = help_of("train.py")
+    assert train.startswith("DLRM-v2 trainer (DLRM + DCNv2 on PyTorch, TorchRec and FBGEMM_GPU).")
+    for part in ("Examples:", "experiment: criteo_sample, mlperf_dlrmv2", "docs/configuration.md", "--cfg job"):
+        assert part in train
+    assert "== Config ==" not in train and "powered by Hydra" not in train
+    pre = help_of("data/preprocess_criteo.py")
+    assert "\n  multihot   write the MLPerf multi-hot" in pre and "\n  verify     check the files" in pre
+    export = help_of("-m", "dlrm.export")
+    assert dlrm.export.__doc__.strip() in export
+    plan = help_of("-m", "dlrm.plan")
+    assert plan == dlrm.plan.__doc__ + "\n"
+    assert "device=cuda \\\n        sharding.hbm_cap_gb=139.8 --estimate" in plan  # a continued line, not joined

@@ -114,6 +114,11 @@ def test_torchx_dist_ddp_two_processes(tmp_path: Path) -> None:
         (None, "data.train_path={tmp}/missing.tsv", "config key `data.train_path`: no such file"),
         ("", "data.train_path={tmp}/x.tsv", r"x\.tsv: empty file"),
         ("1\t2\n", "data.train_path={tmp}/x.tsv", r"x\.tsv:1: 2 tab-separated fields, expected 40"),
+        (
+            "\t".join(["0", "9" * 400] + [""] * 38) + "\n",
+            "data.train_path={tmp}/x.tsv",
+            r"x\.tsv:1: integer feature I1 has 400 digits, too large for a float \(at most 1\.8e308\)",
+        ),
     ],
 )
 def test_bad_input_fails_fast_with_file_and_line(tmp_path: Path, content, override, match) -> None:

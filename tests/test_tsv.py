@@ -6,6 +6,7 @@ import gzip
 import importlib.util
 import math
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,25 @@ def test_integer_outside_criteo_syntax_is_refused(tmp_path: Path, value: str) ->
         f"{tmp_path / 'x.tsv'}:1: integer feature I3 is {value!r}, not an integer (decimal digits with an optional "
         "'-'; leave the field empty for a missing value)"
     )
+
+
+@pytest.mark.parametrize("value,digits", [("9" * 309, 309), ("-" + "1" * 5000, 5000), ("0" * 5000 + "7" * 400, 400)])
+def test_integer_too_long_for_a_float_is_one_line(tmp_path: Path, value: str, digits: int, capsys) -> None:
+    """float64 ends at 1.8e308 (309 digits) and Python's int() at 4300 digits: one line, in the reader and the
+    checker alike (leading zeros do not count); the largest 309-digit value that fits is read."""
+    path = _write(tmp_path, _line() + "\n" + _line("1", ["", "", value] + [""] * 10) + "\n")
+    want = (
+        f"{path}:2: integer feature I3 has {digits} digits, too large for a float (at most 1.8e308); Criteo "
+        "counts are small integers: the line is corrupt, fix or delete it"
+    )
+    with pytest.raises(TsvFormatError) as e:
+        read_tsv(path)
+    assert str(e.value) == want
+    assert _check_tsv_main()([path]) == 1
+    assert capsys.readouterr().err == f"FAIL {want}\n"
+    top = str(int(sys.float_info.max))
+    ok = read_tsv(_write(tmp_path, _line("0", [top] + [""] * 12) + "\n", "ok.tsv"))
+    assert ok.ints[0, 0] == np.float32(math.log1p(sys.float_info.max))
 
 
 @pytest.mark.parametrize("value", ["0x1f", "1_f", " 1f", "+1f", "-1f", "1ffffffff", "\u0663"])

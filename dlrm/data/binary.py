@@ -507,6 +507,20 @@ class BatchReader:
 
 
 # ------------------------------------------------------------------------------------------ trainer entry
+def check_table_rows(meta: Dict[str, Any], root: str, table_rows: Sequence[int]) -> None:
+    """Refuse a model whose table rows are not those the dataset at ``root`` (its ``meta``) was hashed into.
+
+    Raises:
+        BinaryFormatError: naming ``model.num_embeddings_per_feature`` / ``model.row_cap`` and both row lists.
+    """
+    if [int(r) for r in meta["table_rows"]] != [int(r) for r in table_rows]:
+        raise BinaryFormatError(
+            f"config key `model.num_embeddings_per_feature` / `model.row_cap`: the model's table rows "
+            f"{list(table_rows)} differ from those {root} was hashed into ({meta['table_rows']}); set the model's "
+            "rows to the dataset's or rebuild the dataset with data/preprocess_criteo.py --table-rows"
+        )
+
+
 def load_splits(
     root: str,
     table_rows: Sequence[int],
@@ -529,12 +543,7 @@ def load_splits(
     meta = read_dataset_meta(root)
     if multi_hot_files and not (meta["multi_hot"] or {}).get("materialized"):
         raise _no_materialized(root, "", meta["multi_hot"])
-    if [int(r) for r in meta["table_rows"]] != [int(r) for r in table_rows]:
-        raise BinaryFormatError(
-            f"config key `model.num_embeddings_per_feature` / `model.row_cap`: the model's table rows "
-            f"{list(table_rows)} differ from those {root} was hashed into ({meta['table_rows']}); set the model's "
-            "rows to the dataset's or rebuild the dataset with data/preprocess_criteo.py --table-rows"
-        )
+    check_table_rows(meta, root, table_rows)
     r = split_ranges(meta, root)
     out = (
         BinarySplit(root, meta, "train", r["train"], max_rows, multi_hot_files),

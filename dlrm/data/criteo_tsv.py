@@ -26,6 +26,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import sys
 import zlib
 from dataclasses import dataclass
 from typing import IO, List, Optional, Sequence, Tuple
@@ -46,6 +47,10 @@ COMPRESSED = ((b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"\x28\xb5\x2f\xfd", 
 # digits, which no Criteo file holds. Leading zeros are fine: a hex value of any length must still fit 32 bits.
 _INT_FIELD = re.compile(r"-?[0-9]+", re.ASCII)
 _HEX_FIELD = re.compile(r"[0-9a-fA-F]+", re.ASCII)
+# The reader turns integer features into float64 (log1p): a count of more digits than the largest float64
+# (1.8e308, 309 digits) cannot be one, and Python's int() refuses more than 4300 digits outright; no real Criteo
+# count comes near either, so such a field is a corrupt line.
+_MAX_FLOAT_INT = int(sys.float_info.max)
 
 
 class TsvFormatError(InputError):
@@ -105,6 +110,16 @@ def check_file(path: str, config_key: Optional[str] = "data.train_path") -> None
         if os.path.exists(path):  # a FIFO, a device such as /dev/null, a socket: not a file that can be reread
             raise InputError(f"{where}{path!r} is not a regular file (a pipe, device or socket); {fix}")
         raise FileNotFoundError(f"{where}no such file {path!r} (cwd {os.getcwd()}); {fix}")
+
+
+def count_rows(path: str) -> int:
+    """Non-blank lines of a plain or gzip file (:func:`open_input`): its rows, unparsed."""
+    raw, f, _ = open_input(path)
+    try:
+        return sum(1 for line in f if line.strip())
+    finally:
+        f.close()
+        raw.close()
 
 
 @dataclass
@@ -206,8 +221,8 @@ def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[
         the 26 category hashes (missing: 0).
 
     Raises:
-        TsvFormatError: wrong field count, label other than 0/1, non-integer ``I*``, ``C*`` not 32-bit hex;
-            the message names ``path:lineno``.
+        TsvFormatError: wrong field count, label other than 0/1, non-integer ``I*`` or one too large for a
+            float64, ``C*`` not 32-bit hex; the message names ``path:lineno``.
     """
     fields = line.split("\t")
     if len(fields) != NUM_FIELDS:
@@ -230,6 +245,12 @@ def parse_line(line: str, path: str, lineno: int) -> Tuple[int, List[int], List[
             raise TsvFormatError(
                 f"{path}:{lineno}: integer feature I{j + 1} is {v!r}, not an integer "
                 "(decimal digits with an optional '-'; leave the field empty for a missing value)"
+            )
+        digits = v.lstrip("-").lstrip("0")
+        if len(digits) > len(str(_MAX_FLOAT_INT)) or int(digits or "0") > _MAX_FLOAT_INT:
+            raise TsvFormatError(
+                f"{path}:{lineno}: integer feature I{j + 1} has {len(digits)} digits, too large for a float "
+                f"(at most 1.8e308); Criteo counts are small integers: the line is corrupt, fix or delete it"
             )
         row_i.append(int(v))
     row_c = []
