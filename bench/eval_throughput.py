@@ -11,11 +11,12 @@ on the same model and batches, in one process. Run from the repository root::
 What is timed, per mode: ``--repeats`` passes over ``--batches`` evaluation batches of ``--batch`` rows per rank
 (a pool of 8 random batches built once on the device, cycled: no loader or host-to-device copy), each batch's
 outputs added to the trainer's ``dlrm.metrics.EvalAccumulator`` (histogram AUC, as for the MLPerf validation
-split) as ``Trainer.evaluate`` does; a device synchronize and a barrier end a pass. ``eager``: ``model(batch)``
-in eval mode (the path of every other pipeline); ``graphed``: ``GraphedTrainPipeline.evaluate`` (one eager
-batch, the held one, then the captured forward replayed; a first untimed pass captures it). The model trains
-``--train-steps`` graphed steps first, as a run evaluates after training. samples/s is per rank (the slowest
-rank's pass), the median pass. ``--ids criteo`` draws skewed ids (``bench/ids.py``).
+split) as ``Trainer.evaluate`` does, and again without it (the forward alone); a device synchronize and a barrier
+end a pass. ``eager``: ``model(batch)`` in eval mode (the path of every other pipeline); ``graphed``:
+``GraphedTrainPipeline.evaluate`` (one eager batch, the held one, then the captured forward replayed; a first
+untimed pass captures it). The model trains ``--train-steps`` graphed steps first, as a run evaluates after
+training. samples/s is per rank (the slowest rank's pass), the median pass. ``--ids criteo`` draws skewed ids
+(``bench/ids.py``).
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ from dlrm.metrics import EvalAccumulator
 from dlrm.trainer import build_training
 
 
-def _pass(forward: Any, batches: List[Any], n: int, device: torch.device) -> float:
-    """Seconds for one evaluation pass of ``n`` batches (the slowest rank's)."""
-    acc = EvalAccumulator(device, "histogram")
+def _pass(forward: Any, batches: List[Any], n: int, device: torch.device, metrics: bool = True) -> float:
+    """Seconds for one evaluation pass of ``n`` batches (the slowest rank's); ``metrics``: with the trainer's
+    accumulator, else the forward alone."""
+    acc = EvalAccumulator(device, "histogram") if metrics else None
     weight = torch.ones(batches[0].labels.numel(), device=device)
     dist.barrier()
     t0 = time.perf_counter()
     for out, w in forward((batches[i % len(batches)], weight) for i in range(n)):
-        acc.update(out[1], out[2], w)
+        if acc is not None:
+            acc.update(out[1], out[2], w)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
@@ -95,9 +98,11 @@ def main(argv: Any = None) -> Dict[str, Any]:
         for name, forward in (("eager", eager), ("graphed", pipe.evaluate)):
             _pass(forward, pool, 4, device)  # warm: compiles the eval forward; graphed: holds and captures it
             secs = [_pass(forward, pool, args.batches, device) for _ in range(args.repeats)]
+            alone = [_pass(forward, pool, args.batches, device, False) for _ in range(args.repeats)]
             res[name] = {
                 "samples_per_s_per_rank": args.batch * args.batches / statistics.median(secs),
                 "passes_s": secs,
+                "forward_alone_samples_per_s_per_rank": args.batch * args.batches / statistics.median(alone),
             }
     res["graphed_vs_eager"] = res["graphed"]["samples_per_s_per_rank"] / res["eager"]["samples_per_s_per_rank"]
     if info.is_main:
@@ -105,7 +110,9 @@ def main(argv: Any = None) -> Dict[str, Any]:
             f"evaluation, {args.batch} rows per rank, {args.ids} ids"
             f"{', ids all-to-all' if args.ids_all_to_all else ''}: eager "
             f"{res['eager']['samples_per_s_per_rank'] / 1e6:.2f} M samples/s per rank, graphed "
-            f"{res['graphed']['samples_per_s_per_rank'] / 1e6:.2f} M ({res['graphed_vs_eager']:.2f}x)",
+            f"{res['graphed']['samples_per_s_per_rank'] / 1e6:.2f} M ({res['graphed_vs_eager']:.2f}x); the forward "
+            f"alone: eager {res['eager']['forward_alone_samples_per_s_per_rank'] / 1e6:.2f} M, graphed "
+            f"{res['graphed']['forward_alone_samples_per_s_per_rank'] / 1e6:.2f} M",
             flush=True,
         )
     dist.destroy_process_group()

@@ -344,7 +344,9 @@ def test_one_pass_adagrad_equals_torch_adagrad_bit_for_bit(device: str, weight_d
 EVAL_BATCH = 2 * BATCH
 
 
-def _eval_compare(rank: int, world: int, device: str, capture: bool, ids_all_to_all: Any = None) -> List[str]:
+def _eval_compare(
+    rank: int, world: int, device: str, capture: bool, plan: Tuple[str, ...] = MIXED, ids_all_to_all: Any = None
+) -> List[str]:
     """Train 4 steps through the graphed pipeline, then evaluate 5 full batches and a half one twice: eagerly as
     the trainer does without the pipeline (``model(batch)``), and through :meth:`GraphedTrainPipeline.evaluate`;
     the outputs (loss, logits, labels) and the AUC (sklearn) equal bit for bit. Then a batch of other bag sizes on
@@ -360,7 +362,7 @@ def _eval_compare(rank: int, world: int, device: str, capture: bool, ids_all_to_
     from dlrm.trainer import build_training
 
     torch.set_num_threads(1)
-    cfg = _cfg("", "adagrad", "graphed" if capture else "base", device, MIXED)
+    cfg = _cfg("", "adagrad", "graphed" if capture else "base", device, plan)
     info = init_distributed(cfg.device)
     torch.manual_seed(0)
     built = build_training(cfg, info, BATCH)
@@ -418,7 +420,7 @@ def test_evaluation_capture_path_equals_eager_evaluation_bit_for_bit(world: int)
 def test_cuda_graph_evaluation_equals_eager_evaluation_bit_for_bit() -> None:
     """The evaluation forward captured and replayed on one GPU, and with the ids all-to-all forced on a one-rank
     NCCL world (collectives captured in the graph)."""
-    (msgs,) = run_gloo(1, _eval_compare, "cuda", True)
+    (msgs,) = run_gloo(1, _eval_compare, "cuda", True, ("sharding=table_wise",))
     assert msgs[0].startswith("6 batches"), msgs
     (msgs,) = run_gloo(1, _nccl_eval_compare)
     assert msgs[0].startswith("6 batches"), msgs
@@ -430,4 +432,4 @@ def _nccl_eval_compare(rank: int, world: int) -> List[str]:
     dist.destroy_process_group()  # the runner's gloo group: this check issues NCCL collectives
     store = tempfile.mkdtemp(prefix="nccl_")
     dist.init_process_group("nccl", init_method=f"file://{store}/store", rank=0, world_size=1)
-    return _eval_compare(rank, world, "cuda", True, ids_all_to_all=True)
+    return _eval_compare(rank, world, "cuda", True, ("sharding=table_wise",), ids_all_to_all=True)
