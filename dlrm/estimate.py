@@ -58,8 +58,11 @@ STEP_MS: Dict[Tuple[str, str], Dict[int, float]] = {
     ("rowwise_adagrad", GRAPHED): {4096: 2.161, 8192: 3.517, 32768: 11.616, 65536: 21.936},
     ("rowwise_adagrad", GRAPHED_RANKS): {8192: 3.608},
 }
-# the same on skewed ids (bench.throughput --ids criteo, bench/ids.py; docs/performance.md)
-SKEWED_STEP_MS: Dict[Tuple[str, str], Dict[int, float]] = {}
+# the same on skewed ids (bench.throughput --ids criteo, bench/ids.py; docs/performance.md, 2026-12-04, c3d3a68)
+SKEWED_STEP_MS: Dict[Tuple[str, str], Dict[int, float]] = {
+    ("adagrad", GRAPHED_RANKS): {8192: 3.182},
+    ("rowwise_adagrad", GRAPHED): {8192: 3.102},
+}
 # the data sets of real Criteo ids (heavy-tailed: SKEWED_STEP_MS applies)
 CRITEO_DATA = ("criteo_binary", "criteo_tsv")
 EVAL_SAMPLES_PER_S_PER_GPU = 5.2e6  # train.py's evaluation at batch 32768 on one H200 (6ba4974)

@@ -76,6 +76,13 @@ def test_step_kind_picks_the_several_rank_graph_on_several_ranks() -> None:
     assert est.step_ms("rowwise_adagrad", est.GRAPHED_RANKS, 8192) == (3.608, False)
     with pytest.raises(ValueError, match="outside the measured 8192-32768 of perf=fast pipeline=graphed, several"):
         est.step_ms("adagrad", est.GRAPHED_RANKS, 4096)
+    # skewed ids where measured (8192), else the uniform ids' figure
+    assert est.step_ms("adagrad", est.GRAPHED_RANKS, 8192, skewed=True) == (3.182, True)
+    assert est.step_ms("adagrad", est.GRAPHED_RANKS, 32768, skewed=True) == (12.395, False)
+    assert est.step_ms("adagrad", est.EAGER, 8192, skewed=True) == (7.365, False)
+    assert est.step_source(est.GRAPHED_RANKS, True) == (
+        "perf=fast pipeline=graphed, several-rank graph, forced on one H200, skewed ids (--ids criteo), measured"
+    )
 
 
 def test_measured_steps_are_the_performance_md_figures() -> None:
@@ -118,6 +125,11 @@ def test_plan_cli_estimate_uses_the_graphed_step_that_applies(capsys: pytest.Cap
     one = [a for a in SMALL if a != "world_size=2" and not a.startswith("data.global")]
     assert main([*one, "data.batch_size=8192", *graphed]) == 0
     assert "3.60 ms compute (perf=fast pipeline=graphed on one H200, uniform ids, measured)" in capsys.readouterr().out
+    criteo = ["data=criteo_binary", "data.dataset_dir=/nonexistent", "data.global_batch_size=16384"]
+    assert main([*SMALL, *criteo, "sharding=table_wise", *graphed]) == 0  # real Criteo ids: the skewed figure
+    assert "3.18 ms compute (perf=fast pipeline=graphed, several-rank graph, forced on one H200, skewed ids" in (
+        capsys.readouterr().out
+    )
     assert main([*SMALL, "sharding=row_wise", *graphed]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --estimate: config key `pipeline.name`: pipeline=graphed sends the ids with fixed")
