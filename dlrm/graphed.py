@@ -38,8 +38,9 @@ the forward's input buffers with a held input dist of its own (ids all-to-all wi
 checked against TorchRec's on the first ``VERIFY_BATCHES``), runs along the capture path, and the forward
 (the ids all-to-all, the TBE forward, the output-dist all-to-all, the dense forward) is captured on the next and
 replayed for every batch of that shape; a batch of another shape runs eagerly. Bag sizes are checked on the
-device and read once at the end of each pass. A CUDA graph of the forward saves the host's launches as for the
-step (~5.2 M samples/s per GPU eagerly at 32768 on an H200).
+device and read once at the end of each pass. At 32768 rows a batch the forward is bound by the GPU rather than
+the host, so the graph gains less than for the step: 9.6-9.8 M samples/s against 9.1-9.2 M eagerly on an H200
+(docs/performance.md).
 
 The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses, tables, dense
 parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks). What a replay cannot
