@@ -4,8 +4,12 @@
 It is arithmetic on measured figures, not a measurement:
 
 - the step's compute: this trainer's ``perf=fast`` step on one H200 at the per-GPU batch (:data:`STEP_MS`,
-  ``bench.throughput`` on 2026-12-02, docs/performance.md), linearly interpolated between the
-  measured batch sizes, or ``--step-ms`` (your own figure);
+  ``bench.throughput``, docs/performance.md), linearly interpolated between the measured batch sizes, or
+  ``--step-ms`` (your own figure). The kind of step (:func:`step_kind`): eager; ``pipeline=graphed`` on one rank;
+  or, on several ranks, the several-rank graph (ids all-to-all with fixed splits and the dense all-reduce inside
+  it), measured forced on one H200. With real Criteo data (``data=criteo_binary`` or ``criteo_tsv``) the figure
+  measured on skewed ids (``--ids criteo``, :data:`SKEWED_STEP_MS`) where there is one, else the uniform ids' (the
+  TBE's worst case);
 - the step's collectives: ``dlrm.traffic``'s time for the plan at the link rates (peak rates, one after another);
   the step lies between compute alone (all of it overlapped) and compute plus collectives (none of it);
 - evaluation: 20 per epoch of 89,137,319 rows at :data:`EVAL_SAMPLES_PER_S_PER_GPU` per GPU;
@@ -36,14 +40,31 @@ RCP_EPOCHS: Dict[int, float] = {
     135168: 0.9279,
     160000: 0.9583,
 }
-# 1x H200, MLPerf DLRM-v2 with tables capped at 4 M rows, table_wise, perf=fast, batches on the GPU: ms per step
-# by (optimizer.sparse_type, pipeline=graphed) and per-GPU batch (docs/performance.md, 2026-12-02, 77827a9)
-STEP_MS: Dict[Tuple[str, bool], Dict[int, float]] = {
-    ("adagrad", False): {4096: 6.407, 8192: 7.365, 32768: 12.580, 65536: 23.132},
-    ("adagrad", True): {4096: 2.197, 8192: 3.598, 32768: 12.110, 65536: 22.619},
-    ("rowwise_adagrad", False): {4096: 6.831, 8192: 7.925, 32768: 12.085, 65536: 22.362},
-    ("rowwise_adagrad", True): {4096: 2.161, 8192: 3.517, 32768: 11.616, 65536: 21.936},
+EAGER, GRAPHED, GRAPHED_RANKS = "eager", "graphed", "graphed_ranks"  # the kinds of step (step_kind)
+STEP_KINDS = {
+    EAGER: "perf=fast",
+    GRAPHED: "perf=fast pipeline=graphed",
+    GRAPHED_RANKS: "perf=fast pipeline=graphed, several-rank graph",
 }
+# 1x H200, MLPerf DLRM-v2 with tables capped at 4 M rows, table_wise, perf=fast, batches on the GPU, uniform ids:
+# ms per step by (optimizer.sparse_type, kind of step) and per-GPU batch (docs/performance.md): eager and graphed
+# 2026-12-02, 77827a9; the several-rank graph forced on one rank (fast_graphed[_elementwise]_ids_all_to_all)
+# 2026-12-04, 6a747ce at 8192, b63c7cf at 32768
+STEP_MS: Dict[Tuple[str, str], Dict[int, float]] = {
+    ("adagrad", EAGER): {4096: 6.407, 8192: 7.365, 32768: 12.580, 65536: 23.132},
+    ("adagrad", GRAPHED): {4096: 2.197, 8192: 3.598, 32768: 12.110, 65536: 22.619},
+    ("adagrad", GRAPHED_RANKS): {8192: 3.684, 32768: 12.395},
+    ("rowwise_adagrad", EAGER): {4096: 6.831, 8192: 7.925, 32768: 12.085, 65536: 22.362},
+    ("rowwise_adagrad", GRAPHED): {4096: 2.161, 8192: 3.517, 32768: 11.616, 65536: 21.936},
+    ("rowwise_adagrad", GRAPHED_RANKS): {8192: 3.608},
+}
+# the same on skewed ids (bench.throughput --ids criteo, bench/ids.py; docs/performance.md, 2026-12-04, c3d3a68)
+SKEWED_STEP_MS: Dict[Tuple[str, str], Dict[int, float]] = {
+    ("adagrad", GRAPHED_RANKS): {8192: 3.182},
+    ("rowwise_adagrad", GRAPHED): {8192: 3.102},
+}
+# the data sets of real Criteo ids (heavy-tailed: SKEWED_STEP_MS applies)
+CRITEO_DATA = ("criteo_binary", "criteo_tsv")
 EVAL_SAMPLES_PER_S_PER_GPU = 5.2e6  # train.py's evaluation at batch 32768 on one H200 (6ba4974)
 # MLPerf Training v5.0 results, HPE-Cray-XD670-H200-SXM5-141GB_n1_24.09 dlrm_dcnv2: the olympic mean of its 10
 # runs; per GPU, 3200 steps of 65536 samples between two evaluations in 11.8 s of training, over 8 GPUs
@@ -72,19 +93,41 @@ class Estimate:
     target_high: float
 
 
-def step_ms(sparse_type: str, graphed: bool, per_gpu_batch: int) -> float:
-    """The measured one-GPU step of :data:`STEP_MS`, linearly interpolated in the batch.
+def step_kind(graphed: bool, world_size: int) -> str:
+    """The measured step that stands for a run: :data:`EAGER` without ``pipeline=graphed``; with it
+    :data:`GRAPHED` on one rank and :data:`GRAPHED_RANKS` on several (the caller checks that the run's plan is
+    one the graph takes: :func:`dlrm.graphed.check_graphed`)."""
+    if not graphed:
+        return EAGER
+    return GRAPHED if world_size == 1 else GRAPHED_RANKS
+
+
+def step_ms(sparse_type: str, kind: str, per_gpu_batch: int, skewed: bool = False) -> Tuple[float, bool]:
+    """The measured one-GPU step of ``kind`` (:func:`step_kind`), linearly interpolated in the batch:
+    ``(ms, on skewed ids)``. With ``skewed`` (real Criteo ids) the :data:`SKEWED_STEP_MS` figure where the batch
+    lies within its measured ones, else the uniform ids' of :data:`STEP_MS`.
 
     Raises:
-        ValueError: no figure for that optimizer, or a batch outside the measured range.
+        ValueError: no figure for that optimizer and kind, or a batch outside the measured range.
     """
-    points = STEP_MS.get((sparse_type, graphed))
+    points = SKEWED_STEP_MS.get((sparse_type, kind)) if skewed else None
+    if points and min(points) <= per_gpu_batch <= max(points):
+        return _interpolate(points, per_gpu_batch), True
+    points = STEP_MS.get((sparse_type, kind))
     if points is None:
         raise ValueError(f"no measured step for optimizer.sparse_type={sparse_type}; give --step-ms")
     lo, hi = min(points), max(points)
     if not lo <= per_gpu_batch <= hi:
-        raise ValueError(f"the per-GPU batch {per_gpu_batch} is outside the measured {lo}-{hi}; give --step-ms")
-    return _interpolate(points, per_gpu_batch)
+        what = f" of {STEP_KINDS[kind]}" if kind != EAGER else ""
+        raise ValueError(f"the per-GPU batch {per_gpu_batch} is outside the measured {lo}-{hi}{what}; give --step-ms")
+    return _interpolate(points, per_gpu_batch), False
+
+
+def step_source(kind: str, skewed: bool) -> str:
+    """How :func:`format_estimate` names a measured step of ``kind``, on skewed or uniform ids."""
+    ids = "skewed ids (--ids criteo)" if skewed else "uniform ids"
+    forced = ", forced on" if kind == GRAPHED_RANKS else " on"
+    return f"{STEP_KINDS[kind]}{forced} one H200, {ids}, measured"
 
 
 def epochs_to_target(global_batch: int) -> float:

@@ -32,6 +32,16 @@ all-to-all, the TBE backward with its fused optimizer, the dense gradients' all-
 scaled by the world size as DDP scales it) and the dense Adagrad step. The host copies the next batch into the
 input buffers and replays.
 
+Evaluation (:meth:`GraphedTrainPipeline.evaluate`): the same for the forward. Evaluation batches are padded to
+one size (:func:`dlrm.data.eval_batches`), so after one eager batch (``EVAL_WARMUP_BATCHES``) the next becomes
+the forward's input buffers with a held input dist of its own (ids all-to-all with fixed splits on several ranks,
+checked against TorchRec's on the first ``VERIFY_BATCHES``), runs along the capture path, and the forward
+(the ids all-to-all, the TBE forward, the output-dist all-to-all, the dense forward) is captured on the next and
+replayed for every batch of that shape; a batch of another shape runs eagerly. Bag sizes are checked on the
+device and read once at the end of each pass. At 32768 rows a batch the forward is bound by the GPU rather than
+the host, so the graph gains less than for the step: 9.6-9.8 M samples/s against 9.1-9.2 M eagerly on an H200
+(docs/performance.md).
+
 The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses, tables, dense
 parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks). What a replay cannot
 follow is refused (:func:`check_graphed`): a learning-rate schedule (the graph holds the rates it was captured
@@ -49,7 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -72,6 +82,7 @@ EAGER_DIVISION = {"eager_numerics.division_rounding": True}
 
 WARMUP_STEPS = 2  # eager steps before the rehearsal: the first compiles, the second runs warm
 CHECK_EVERY = 100  # steps between host reads of the bag-size flag
+EVAL_WARMUP_BATCHES = 1  # eager evaluation batches before the held one (the first compiles the eval forward)
 VERIFY_BATCHES = 2  # full batches whose static ids all-to-all is compared with TorchRec's input dist
 # DDP comm hooks that divide each bucket by the world size before a sum all-reduce (torch's default hook, and the
 # held all-reduce of perf.allreduce_after_output_dist, which issues it); without a hook DDP's reducer multiplies by
@@ -234,21 +245,20 @@ class GraphedTrainPipeline:
         self._next: Optional[Batch] = None
         self._exhausted = False
         self._steps = 0
-        self._static: Optional[Batch] = None
-        self._gathers: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (held values, gather index)
-        self._ctx: Any = None
-        self._dist: Any = None
+        self._held: Optional[_Held] = None  # the training step's input buffers and held input dist
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         self._out: Tuple[torch.Tensor, ...] = ()
         self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
         self._stepped: List[torch.Tensor] = []  # the dense parameters the graph steps
-        self._bad: Optional[torch.Tensor] = None
         self._compile = capture and device.type == "cuda"
         self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
         world = dist.get_world_size() if dist.is_initialized() else 1
         self._ids_all_to_all = world > 1 if ids_all_to_all is None else ids_all_to_all
-        self._static_dist: Optional[StaticInputDist] = None
-        self._verify_left = VERIFY_BATCHES
+        # evaluation (evaluate): the forward's input buffers, graph and outputs, and the batches seen
+        self._eval_held: Optional[_Held] = None
+        self._eval_graph: Optional[torch.cuda.CUDAGraph] = None
+        self._eval_out: Tuple[torch.Tensor, ...] = ()
+        self._eval_batches = 0
         self._reduce: Optional[Tuple[dist.ProcessGroup, int, bool]] = None  # (group, world, divide)
         if self._ids_all_to_all:
             ddp = next((m for m in model.modules() if isinstance(m, DistributedDataParallel)), None)
@@ -278,17 +288,16 @@ class GraphedTrainPipeline:
         """
         batch = self._take(it)
         self._steps += 1
-        if not self._fits(batch) or self._steps <= WARMUP_STEPS:
+        if (self._held is not None and not self._held.fits(batch)) or self._steps <= WARMUP_STEPS:
             return self._eager_step(batch)
-        rehearsal = self._static is None  # on the batch that becomes the input buffers
+        rehearsal = self._held is None  # on the batch that becomes the input buffers
         if rehearsal:
-            self._hold(batch)
+            self._held = _Held(self._sharded, batch, self._ids_all_to_all)
         else:
-            self._load(batch)
+            self._held.load(batch)
             if self._steps % CHECK_EVERY == 0:
                 self.check_bag_sizes()
-        if self._static_dist is not None and self._verify_left > 0:
-            self._verify()
+        self._held.verify(self._sharded, "full batch", "after the warm-up")
         if rehearsal or not self._capture:
             self._optimizer.zero_grad()
             return tuple(t.clone() for t in self._graph_step())
@@ -304,16 +313,46 @@ class GraphedTrainPipeline:
         """The model, for evaluation (its forward is TorchRec's again outside the capture path)."""
         return self._model
 
+    def evaluate(
+        self, batches: Iterable[Tuple[Batch, torch.Tensor]]
+    ) -> Iterator[Tuple[Tuple[torch.Tensor, ...], torch.Tensor]]:
+        """Evaluate the model (in eval mode: the caller's ``model.eval()``) on ``batches``, through a captured
+        forward (module docstring, "Evaluation").
+
+        Args:
+            batches: ``(batch, weight)`` pairs as :func:`dlrm.data.eval_batches` yields them; on several ranks
+                every rank's batches of a pass have the same shapes in the same order (as that function pads
+                them).
+
+        Yields:
+            ``(outputs, weight)``: ``outputs`` the model's, fresh detached tensors: ``(loss, logits, labels)``,
+            loss a float32 scalar, logits float32 ``[B]``, labels ``[B]``, with
+            :class:`dlrm.model.DLRMTrainSkipNonFinite` also ``ok``; ``weight`` as given.
+
+        Raises:
+            BatchError: after the last batch, if a batch of the captured shape had other bag sizes (one host sync
+                per pass; collective with the ids all-to-all).
+            ConfigError: the held input dist cannot be rebuilt or sent with fixed splits (as for training).
+        """
+        for batch, weight in batches:
+            yield self._eval_step(batch), weight
+        held = self._eval_held
+        if held is not None:
+            bad = held.any_bad()
+            held.bad.zero_()
+            if bad:
+                raise BatchError(
+                    "pipeline=graphed: an evaluation batch's bag sizes (KJT lengths) differ from those of the batch "
+                    "the forward was captured with; replays need fixed bag sizes: use data.multi_hot=true (or "
+                    "1-hot ids) with a loader of fixed bags, or pipeline=sparse_dist"
+                )
+
     def check_bag_sizes(self) -> None:
         """Raise :class:`dlrm.model.BatchError` if a batch since the last check had other bag sizes than the
         captured batch (one host sync; ``progress`` also checks every ``CHECK_EVERY`` steps). With the ids
         all-to-all it is collective: every rank calls it, and all raise if one rank's batch differed (a rank that
         stopped alone would leave the others waiting in the next all-to-all)."""
-        bad = self._bad
-        if bad is not None and self._static_dist is not None:
-            bad = bad.to(torch.int32).reshape(1)
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self._static_dist.group)
-        if bad is not None and bool(bad.item()):
+        if self._held is not None and self._held.any_bad():
             raise BatchError(
                 "pipeline=graphed: a batch's bag sizes (KJT lengths) differ from those of the batch the step was "
                 "captured with; replays need fixed bag sizes: use data.multi_hot=true (or 1-hot ids) with a "
@@ -321,6 +360,43 @@ class GraphedTrainPipeline:
             )
 
     # ------------------------------------------------------------------------------------------ steps
+    @torch.no_grad()
+    def _eval_step(self, batch: Batch) -> Tuple[torch.Tensor, ...]:
+        """One evaluation batch: eagerly (the first, and any of another shape), along the capture path (the
+        batch that becomes the input buffers; every one with ``capture=False``), or as a replay."""
+        batch = batch.to(self._device)
+        self._eval_batches += 1
+        held = self._eval_held
+        if (held is not None and not held.fits(batch)) or self._eval_batches <= EVAL_WARMUP_BATCHES:
+            return self._model(batch)[1]
+        rehearsal = held is None
+        if held is None:
+            held = self._eval_held = _Held(self._sharded, batch, self._ids_all_to_all)
+        else:
+            held.load(batch)
+        held.verify(self._sharded, "evaluation batch", "of the captured shape")
+        if rehearsal or not self._capture:  # cloned: the labels are the input buffer itself
+            return tuple(t.clone() for t in self._eval_forward())
+        if self._eval_graph is None:
+            torch.cuda.synchronize(self._device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self._device)):
+                self._eval_out = self._eval_forward()
+            self._eval_graph = graph
+            log.info("evaluation forward captured as a CUDA graph for batch %d", held.batch.labels.numel())
+        self._eval_graph.replay()
+        return tuple(t.clone() for t in self._eval_out)
+
+    def _eval_forward(self) -> Tuple[torch.Tensor, ...]:
+        """(The ids all-to-all,) the forward from the held evaluation input dist: what the evaluation graph
+        records."""
+        held = self._eval_held
+        assert held is not None
+        if held.static_dist is not None:
+            held.static_dist.run(held.batch.sparse_features.values())
+        with held.forward_from_input_dist(self._sharded):
+            return self._net(held.batch)[1]
+
     def _eager_step(self, batch: Batch) -> Tuple[torch.Tensor, ...]:
         self._optimizer.zero_grad()
         loss, out = self._model(batch)
@@ -331,11 +407,12 @@ class GraphedTrainPipeline:
     def _graph_step(self) -> Tuple[torch.Tensor, ...]:
         """(The ids all-to-all,) forward from the held input dist, backward, (the dense gradients' all-reduce,)
         dense Adagrad: what the graph records."""
-        assert self._static is not None
-        if self._static_dist is not None:
-            self._static_dist.run(self._static.sparse_features.values())
-        with self._from_held_input_dist():
-            loss, out = self._net(self._static)
+        held = self._held
+        assert held is not None
+        if held.static_dist is not None:
+            held.static_dist.run(held.batch.sparse_features.values())
+        with held.forward_from_input_dist(self._sharded):
+            loss, out = self._net(held.batch)
         loss.backward()
         if self._reduce is not None:
             self._reduce_dense_grads()
@@ -433,37 +510,42 @@ class GraphedTrainPipeline:
         with torch.cuda.stream(self._copy_stream):
             return batch.to(self._device, non_blocking=True)
 
-    def _fits(self, batch: Batch) -> bool:
-        if self._static is None:
-            return True
-        kjt = batch.sparse_features
-        return (
-            batch.dense_features.shape == self._static.dense_features.shape
-            and kjt.values().numel() == self._static.sparse_features.values().numel()
-            and kjt.keys() == self._static.sparse_features.keys()
-        )
 
-    def _hold(self, batch: Batch) -> None:
-        """Make copies of ``batch`` the input buffers; run the input dist on them once and keep its output and the
-        gather index that rebuilds it from a batch's ids."""
+class _Held:
+    """Input buffers of one batch shape and the sharded module's input dist held for them (the training step's,
+    or the evaluation forward's).
+
+    Args:
+        module: the sharded module; batch: the batch whose copies become the buffers (on the device).
+        ids_all_to_all: send the ids with fixed splits (:class:`dlrm.static_input_dist.StaticInputDist`; collective,
+            every rank at the same point); else rebuild the held input dist by a gather (one rank).
+
+    Raises:
+        ConfigError: without the ids all-to-all, an input dist that changes the ids; with it, those of
+            :class:`dlrm.static_input_dist.StaticInputDist`.
+    """
+
+    def __init__(self, module: ShardedModule, batch: Batch, ids_all_to_all: bool) -> None:
         kjt = batch.sparse_features
         values, lengths = kjt.values().clone(), kjt.lengths().clone()
-        self._static = Batch(
+        self.batch = Batch(
             dense_features=batch.dense_features.clone(),
             sparse_features=KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=lengths),
             labels=batch.labels.clone(),
         )
-        self._bad = torch.zeros((), dtype=torch.bool, device=values.device)
-        self._ctx = self._sharded.create_context()
-        self._dist = self._sharded.input_dist(self._ctx, self._static.sparse_features).wait().wait()
-        held_kjt = self._static.sparse_features
-        if self._ids_all_to_all:  # the graph sends the ids itself (verified on this batch: progress)
-            self._static_dist = StaticInputDist(self._sharded, held_kjt, self._dist)
+        self.bad = torch.zeros((), dtype=torch.bool, device=values.device)  # a loaded batch had other bag sizes
+        self.ctx = module.create_context()
+        self.dist = module.input_dist(self.ctx, self.batch.sparse_features).wait().wait()
+        self.gathers: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (held values, gather index)
+        self.static_dist: Optional[StaticInputDist] = None
+        self.verify_left = VERIFY_BATCHES
+        held_kjt = self.batch.sparse_features
+        if ids_all_to_all:  # the step sends the ids itself (verified on the first batches: verify)
+            self.static_dist = StaticInputDist(module, held_kjt, self.dist)
             return
         starts = dict(zip(kjt.keys(), held_kjt.offset_per_key()))
         counts = dict(zip(kjt.keys(), held_kjt.length_per_key()))
-        self._gathers = []
-        for part in self._dist:
+        for part in self.dist:
             index = torch.cat(
                 [torch.arange(starts[k], starts[k] + counts[k], device=values.device) for k in part.keys()]
             )
@@ -477,42 +559,62 @@ class GraphedTrainPipeline:
                     f"plan's {type(part).__name__} for keys {list(part.keys())[:3]}...), which a replay cannot "
                     "rebuild; use sharding=table_wise or pipeline=sparse_dist"
                 )
-            self._gathers.append((held, None if identity else index))
+            self.gathers.append((held, None if identity else index))
 
-    def _load(self, batch: Batch) -> None:
-        """Copy ``batch`` into the input buffers (ids into the held input dist's values)."""
-        assert self._static is not None and self._bad is not None
+    def fits(self, batch: Batch) -> bool:
+        """Whether ``batch`` has the buffers' shapes (its bag sizes are checked on the device: :meth:`load`)."""
+        kjt, held = batch.sparse_features, self.batch
+        return (
+            batch.dense_features.shape == held.dense_features.shape
+            and kjt.values().numel() == held.sparse_features.values().numel()
+            and kjt.keys() == held.sparse_features.keys()
+        )
+
+    def load(self, batch: Batch) -> None:
+        """Copy ``batch`` into the input buffers (ids into the held input dist's values, or into the buffers' KJT
+        that the ids all-to-all sends); flag other bag sizes on the device, without a host sync."""
         kjt = batch.sparse_features
-        self._bad |= (kjt.lengths() != self._static.sparse_features.lengths()).any()
+        self.bad |= (kjt.lengths() != self.batch.sparse_features.lengths()).any()
         src = kjt.values()
-        if self._static_dist is not None:  # sent by the graph's ids all-to-all
-            self._static.sparse_features.values().copy_(src, non_blocking=True)
-        for held, index in self._gathers:
+        if self.static_dist is not None:
+            self.batch.sparse_features.values().copy_(src, non_blocking=True)
+        for held, index in self.gathers:
             held.copy_(src if index is None else src.index_select(0, index), non_blocking=True)
-        self._static.dense_features.copy_(batch.dense_features, non_blocking=True)
-        self._static.labels.copy_(batch.labels, non_blocking=True)
+        self.batch.dense_features.copy_(batch.dense_features, non_blocking=True)
+        self.batch.labels.copy_(batch.labels, non_blocking=True)
 
-    def _verify(self) -> None:
-        """Send the input buffers' ids with the static all-to-all and compare the result with TorchRec's input
-        dist of the same KJT, on every rank; all ranks raise together if one differs."""
-        assert self._static is not None and self._static_dist is not None
-        kjt = self._static.sparse_features
-        self._static_dist.run(kjt.values())
-        same, what = self._static_dist.check(self._sharded, kjt)
+    def any_bad(self) -> bool:
+        """Whether a loaded batch had other bag sizes (one host sync; with the ids all-to-all collective: true on
+        every rank if on one)."""
+        bad = self.bad
+        if self.static_dist is not None:
+            bad = bad.to(torch.int32).reshape(1)
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.static_dist.group)
+        return bool(bad.item())
+
+    def verify(self, module: ShardedModule, what: str, when: str) -> None:
+        """On the first ``VERIFY_BATCHES`` batches with the ids all-to-all (else nothing): send the buffers' ids
+        with the static all-to-all and compare the result with TorchRec's input dist of the same KJT, on every
+        rank; all ranks raise ConfigError together if one differs."""
+        if self.static_dist is None or self.verify_left <= 0:
+            return
+        kjt = self.batch.sparse_features
+        self.static_dist.run(kjt.values())
+        same, why = self.static_dist.check(module, kjt)
         flag = torch.tensor([0 if same else 1], dtype=torch.int32, device=kjt.values().device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._static_dist.group)
-        self._verify_left -= 1
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.static_dist.group)
+        self.verify_left -= 1
         if int(flag.item()):
             raise ConfigError(
                 f"config key `pipeline.name`: pipeline=graphed's ids all-to-all with fixed splits differs from "
-                f"TorchRec's input dist on full batch {VERIFY_BATCHES - self._verify_left} after the warm-up "
-                f"({what or 'on another rank'}); use pipeline=sparse_dist"
+                f"TorchRec's input dist on {what} {VERIFY_BATCHES - self.verify_left} {when} "
+                f"({why or 'on another rank'}); use pipeline=sparse_dist"
             )
 
     @contextlib.contextmanager
-    def _from_held_input_dist(self) -> Iterator[None]:
-        """The sharded module's forward, for the duration, is the lookup and output dist of the held input dist."""
-        module, ctx, held = self._sharded, self._ctx, self._dist
+    def forward_from_input_dist(self, module: ShardedModule) -> Iterator[None]:
+        """``module``'s forward, for the duration, is the lookup and output dist of the held input dist."""
+        ctx, held = self.ctx, self.dist
         module.forward = lambda *args, **kwargs: module.compute_and_output_dist(ctx, held)  # type: ignore[method-assign]
         try:
             yield

@@ -20,8 +20,10 @@ override, config or plan: one ``error:`` line, exit status 2. No process group a
 tables stay on meta.
 ``--estimate`` adds :mod:`dlrm.estimate`'s estimate of one epoch of the configured data (``data.dataset_dir``'s
 rows, the synthetic sizes, or the TSV's rows: :func:`dataset_epoch`) and, on MLPerf's Criteo 1TB, the time to AUC
-0.80275 on ``world_size`` H200s (the step's compute from measured one-GPU figures of ``perf=fast``, or
-``--step-ms X``). A ``data.dataset_dir`` hashed into other table rows than the model's is refused before planning.
+0.80275 on ``world_size`` H200s (the step's compute from measured one-GPU figures of ``perf=fast``: eager, or with
+``pipeline=graphed`` the one-rank or several-rank graph, on skewed ids for real Criteo data where measured; or
+``--step-ms X``). Its step line names the figure it used. A ``data.dataset_dir`` hashed into other table rows than
+the model's is refused before planning.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ from dlrm.config import (
     to_config,
     unknown_key_error,
 )
+from dlrm.graphed import check_graphed
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
-from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan
+from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan, sharding_types_of
 from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
 
 # The largest world size planned: TorchRec's planner (1.8) took about a minute for 1024 CPU ranks of the default
@@ -269,10 +272,12 @@ def dataset_epoch(cfg: Config, table_rows: Sequence[int]) -> Tuple[int, int, str
 
 def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: dict) -> str:
     """The ``--estimate`` block (:mod:`dlrm.estimate`) for this plan: the step's compute from ``--step-ms`` or
-    the measured one-GPU figures (``pipeline=graphed`` on one rank only), its collectives from ``dlrm.traffic``.
+    the measured one-GPU figures (:func:`dlrm.estimate.step_kind`: eager, ``pipeline=graphed`` on one rank, or the
+    several-rank graph; skewed ids for real Criteo data where measured), its collectives from ``dlrm.traffic``.
 
     Raises:
-        ConfigError: no measured figure for this config and no ``--step-ms`` (named after ``--estimate``).
+        ConfigError: no measured figure for this config and no ``--step-ms``, or ``pipeline=graphed`` with a
+            config or plan the graph refuses (:func:`dlrm.graphed.check_graphed`); named after ``--estimate``.
     """
     intra, inter = link_rates("cuda", own.get("link_gbps"))
     assert intra is not None and inter is not None
@@ -280,17 +285,25 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
     if "step_ms" in own:
         compute, source = own["step_ms"], STEP_MS_FLAG
     else:
-        graphed = cfg.pipeline.name == "graphed" and pi.world_size == 1
+        graphed = cfg.pipeline.name == "graphed"
         if cfg.perf.name != "fast":
             raise ConfigError(
                 f"{ESTIMATE_FLAG}: measured figures are for perf=fast (this config: perf={cfg.perf.name}); give "
                 "--step-ms"
             )
+        if graphed:  # the trainer refuses what the graph cannot replay: so does the estimate
+            try:
+                check_graphed(cfg, pi.world_size, torch.device("cuda"), sharding_types_of(pi.plan))
+            except ConfigError as e:
+                raise ConfigError(f"{ESTIMATE_FLAG}: {e}") from None
+        kind = est.step_kind(graphed, pi.world_size)
         try:
-            compute = est.step_ms(cfg.optimizer.sparse_type, graphed, batch)
+            compute, skewed = est.step_ms(
+                cfg.optimizer.sparse_type, kind, batch, skewed=cfg.data.name in est.CRITEO_DATA
+            )
         except ValueError as e:  # no measured figure for this optimizer or batch
             raise ConfigError(f"{ESTIMATE_FLAG}: {e}") from None
-        source = f"perf=fast{' pipeline=graphed' if graphed else ''} on one H200, measured"
+        source = est.step_source(kind, skewed)
     train, val, what = dataset_epoch(cfg, cfg.model.table_rows)
     e = est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms, train_samples=train, eval_samples=val)
     return est.format_estimate(e, source, dataset=what)

@@ -773,15 +773,19 @@ class Trainer:
         if kind == "val":
             self.mlperf.eval_start(self.step / self.steps_per_epoch, self.samples_seen)
         acc = EvalAccumulator(info.device, self.auc_method)
-        for batch, weight in data_mod.eval_batches(
+        batches = data_mod.eval_batches(
             split,
             batch_size=self.eval_batch_size,
             rank=info.rank,
             world_size=info.world_size,
             feature_names=FEATURE_NAMES,
             multi_hot=self.multi_hot,
-        ):
-            _, out = model(batch.to(info.device))
+        )
+        if hasattr(self.pipeline, "evaluate"):  # pipeline=graphed: replays a captured forward
+            outputs = self.pipeline.evaluate(batches)
+        else:
+            outputs = ((model(b.to(info.device))[1], w) for b, w in batches)
+        for out, weight in outputs:
             weight = weight.to(info.device)
             if len(out) > 3:  # skip_batch: rows of a batch with non-finite inputs do not count
                 weight = weight * out[3].to(weight.dtype)

@@ -55,18 +55,40 @@ def test_epochs_to_target_are_the_reference_convergence_points() -> None:
 
 
 def test_measured_step_is_interpolated_in_the_batch_and_bounded() -> None:
-    assert est.step_ms("adagrad", False, 8192) == 7.365
-    assert est.step_ms("adagrad", False, 16384) == pytest.approx(7.365 + (12.580 - 7.365) / 3, rel=1e-12)
-    with pytest.raises(ValueError, match="outside the measured 4096-65536; give --step-ms"):
-        est.step_ms("adagrad", True, 131072)
+    assert est.step_ms("adagrad", est.EAGER, 8192) == (7.365, False)
+    ms, _ = est.step_ms("adagrad", est.EAGER, 16384)
+    assert ms == pytest.approx(7.365 + (12.580 - 7.365) / 3, rel=1e-12)
+    with pytest.raises(
+        ValueError, match="outside the measured 4096-65536 of perf=fast pipeline=graphed; give --step-ms"
+    ):
+        est.step_ms("adagrad", est.GRAPHED, 131072)
     with pytest.raises(ValueError, match="no measured step for optimizer.sparse_type=sgd"):
-        est.step_ms("sgd", False, 8192)
+        est.step_ms("sgd", est.EAGER, 8192)
+
+
+def test_step_kind_picks_the_several_rank_graph_on_several_ranks() -> None:
+    assert [est.step_kind(False, 8), est.step_kind(True, 1), est.step_kind(True, 8)] == [
+        est.EAGER,
+        est.GRAPHED,
+        est.GRAPHED_RANKS,
+    ]
+    assert est.step_ms("adagrad", est.GRAPHED_RANKS, 8192) == (3.684, False)
+    assert est.step_ms("rowwise_adagrad", est.GRAPHED_RANKS, 8192) == (3.608, False)
+    with pytest.raises(ValueError, match="outside the measured 8192-32768 of perf=fast pipeline=graphed, several"):
+        est.step_ms("adagrad", est.GRAPHED_RANKS, 4096)
+    # skewed ids where measured (8192), else the uniform ids' figure
+    assert est.step_ms("adagrad", est.GRAPHED_RANKS, 8192, skewed=True) == (3.182, True)
+    assert est.step_ms("adagrad", est.GRAPHED_RANKS, 32768, skewed=True) == (12.395, False)
+    assert est.step_ms("adagrad", est.EAGER, 8192, skewed=True) == (7.365, False)
+    assert est.step_source(est.GRAPHED_RANKS, True) == (
+        "perf=fast pipeline=graphed, several-rank graph, forced on one H200, skewed ids (--ids criteo), measured"
+    )
 
 
 def test_measured_steps_are_the_performance_md_figures() -> None:
     """``STEP_MS`` restates rows of docs/performance.md; every figure in it must be one there."""
     doc = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
-    for key, per_batch in est.STEP_MS.items():
+    for key, per_batch in [*est.STEP_MS.items(), *est.SKEWED_STEP_MS.items()]:
         for batch, ms in per_batch.items():
             assert re.search(rf"(?<![\d.]){ms:.3f}(?!\d)", doc), (key, batch, ms)
 
@@ -78,7 +100,7 @@ def test_plan_cli_prints_the_estimate(capsys: pytest.CaptureFixture) -> None:
     assert main([*SMALL, "perf=fast", "optimizer.sparse_type=adagrad", "--estimate"]) == 0
     out = capsys.readouterr().out
     assert "ESTIMATE (arithmetic on measured figures, not a measurement) for 2 x H200, 8192 samples per GPU" in out
-    assert "7.37 ms compute (perf=fast on one H200, measured)" in out
+    assert "7.37 ms compute (perf=fast on one H200, uniform ids, measured)" in out
     assert main([*SMALL, "--estimate", "--step-ms", "5"]) == 0
     assert "5.00 ms compute (--step-ms)" in capsys.readouterr().out
 
@@ -130,3 +152,26 @@ def test_plan_refuses_a_world_size_it_cannot_plan_at_once(capsys: pytest.Capture
         "copies every rank's state for each of its hundreds of proposals, so its time grows with the world size "
         "(about a minute at 1024, far longer beyond); plan for at most 1024 ranks\n"
     )
+
+
+def test_plan_cli_estimate_uses_the_graphed_step_that_applies(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """``pipeline=graphed``: the several-rank graph's figure on 2 ranks, the one-rank graph's on one; a plan the
+    graph refuses (row_wise tables on several ranks) is refused as the trainer refuses it."""
+    graphed = ["perf=fast", "pipeline=graphed", "optimizer.sparse_type=adagrad", "--estimate"]
+    assert main([*SMALL, "sharding=table_wise", *graphed]) == 0
+    out = capsys.readouterr().out
+    assert "3.68 ms compute (perf=fast pipeline=graphed, several-rank graph, forced on one H200, uniform ids" in out
+    one = [a for a in SMALL if a != "world_size=2" and not a.startswith("data.global")]
+    assert main([*one, "data.batch_size=8192", *graphed]) == 0
+    assert "3.60 ms compute (perf=fast pipeline=graphed on one H200, uniform ids, measured)" in capsys.readouterr().out
+    tsv = tmp_path / "day_0.tsv"  # real Criteo rows in form: label, 13 counts, 26 hashed categories
+    tsv.write_text("".join(f"{i % 2}\t" + "\t".join(["1"] * 13 + [f"{i:08x}"] * 26) + "\n" for i in range(64)))
+    criteo = ["data=criteo_tsv", f"data.train_path={tsv}", "data.global_batch_size=16384"]
+    assert main([*SMALL, *criteo, "sharding=table_wise", *graphed]) == 0  # real Criteo ids: the skewed figure
+    assert "3.18 ms compute (perf=fast pipeline=graphed, several-rank graph, forced on one H200, skewed ids" in (
+        capsys.readouterr().out
+    )
+    assert main([*SMALL, "sharding=row_wise", *graphed]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --estimate: config key `pipeline.name`: pipeline=graphed sends the ids with fixed")
+    assert "row_wise tables send each id to the rank that holds its row" in err

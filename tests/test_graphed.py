@@ -339,3 +339,97 @@ def test_one_pass_adagrad_equals_torch_adagrad_bit_for_bit(device: str, weight_d
         assert torch.equal(p.detach(), q), (p.shape, (p.detach() - q).abs().max().item())
     for p, s in zip(ref, sums):
         assert torch.equal(opt.state[p]["sum"], s)
+
+
+EVAL_BATCH = 2 * BATCH
+
+
+def _eval_compare(
+    rank: int, world: int, device: str, capture: bool, plan: Tuple[str, ...] = MIXED, ids_all_to_all: Any = None
+) -> List[str]:
+    """Train 4 steps through the graphed pipeline, then evaluate 5 full batches and a half one twice: eagerly as
+    the trainer does without the pipeline (``model(batch)``), and through :meth:`GraphedTrainPipeline.evaluate`;
+    the outputs (loss, logits, labels) and the AUC (sklearn) equal bit for bit. Then a batch of other bag sizes on
+    the last rank makes every rank raise at the end of the pass."""
+    import torch.distributed as dist
+    from sklearn.metrics import roc_auc_score
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from bench.pipeline_ab import make_batches
+    from dlrm.dist import init_distributed
+    from dlrm.graphed import GraphedTrainPipeline
+    from dlrm.model import BatchError
+    from dlrm.trainer import build_training
+
+    torch.set_num_threads(1)
+    cfg = _cfg("", "adagrad", "graphed" if capture else "base", device, plan)
+    info = init_distributed(cfg.device)
+    torch.manual_seed(0)
+    built = build_training(cfg, info, BATCH)
+    pipe = GraphedTrainPipeline(
+        built.model, built.optimizer, built.dense, info.device, capture=capture, ids_all_to_all=ids_all_to_all
+    )
+    it = iter(_batches(cfg, info.device, 4, dist.get_rank()))
+    for _ in range(4):
+        pipe.progress(it)
+    rank_seed = 50 + 100 * dist.get_rank()
+    evals = make_batches(cfg.model, EVAL_BATCH, 5, info.device, False, seed=rank_seed)
+    evals += make_batches(cfg.model, EVAL_BATCH // 2, 1, info.device, False, seed=rank_seed + 1)
+    weights = [torch.ones(b.labels.numel()) for b in evals]
+    model = pipe.detach()
+    model.eval()
+    with torch.no_grad():
+        ref = [model(b)[1] for b in evals]
+        got = [out for out, _ in pipe.evaluate(zip(evals, weights))]
+        again = [out for out, _ in pipe.evaluate(zip(evals, weights))]  # the second pass: all replays
+    assert len(got) == len(ref) == 6
+    for outs in (got, again):
+        for r, g in zip(ref, outs):
+            assert len(r) == len(g) == 3 and all(torch.equal(a, b) for a, b in zip(r, g)), [
+                (a - b).abs().max().item() for a, b in zip(r, g)
+            ]
+
+    def auc(outs: List[Any]) -> float:
+        logits = torch.cat([o[1] for o in outs]).float().cpu().numpy()
+        return float(roc_auc_score(torch.cat([o[2] for o in outs]).cpu().numpy(), logits))
+
+    assert auc(got) == auc(ref) == auc(again)
+    if rank == world - 1:  # as many ids, two bags of the first table swapping sizes, on the last rank only
+        kjt = evals[3].sparse_features
+        lengths = kjt.lengths().clone()
+        lengths[0], lengths[1] = lengths[0] + 1, lengths[1] - 1
+        evals[3].sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=lengths)
+    with torch.no_grad(), pytest.raises(BatchError, match="evaluation batch's bag sizes .* differ"):
+        list(pipe.evaluate(zip(evals, weights)))
+    model.train()
+    held = pipe._eval_held  # the capture path ran: input buffers held, ids sent with fixed splits on several ranks
+    assert held is not None and (held.static_dist is not None) == (world > 1 or bool(ids_all_to_all))
+    return [f"{len(ref)} batches, AUC {auc(ref):.6f}"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_evaluation_capture_path_equals_eager_evaluation_bit_for_bit(world: int) -> None:
+    """1 and 2 gloo ranks (2: the ids all-to-all with fixed splits on a mixed plan): the evaluation's capture path
+    run eagerly gives the eager evaluation's outputs and AUC bit for bit, the half last batch through the eager
+    fallback; other bag sizes are reported on every rank."""
+    results = run_gloo(world, _eval_compare, "cpu", False)
+    assert [r[0].split(",")[0] for r in results] == ["6 batches"] * world, results
+
+
+@pytest.mark.gpu
+def test_cuda_graph_evaluation_equals_eager_evaluation_bit_for_bit() -> None:
+    """The evaluation forward captured and replayed on one GPU, and with the ids all-to-all forced on a one-rank
+    NCCL world (collectives captured in the graph)."""
+    (msgs,) = run_gloo(1, _eval_compare, "cuda", True, ("sharding=table_wise",))
+    assert msgs[0].startswith("6 batches"), msgs
+    (msgs,) = run_gloo(1, _nccl_eval_compare)
+    assert msgs[0].startswith("6 batches"), msgs
+
+
+def _nccl_eval_compare(rank: int, world: int) -> List[str]:
+    import torch.distributed as dist
+
+    dist.destroy_process_group()  # the runner's gloo group: this check issues NCCL collectives
+    store = tempfile.mkdtemp(prefix="nccl_")
+    dist.init_process_group("nccl", init_method=f"file://{store}/store", rank=0, world_size=1)
+    return _eval_compare(rank, world, "cuda", True, ("sharding=table_wise",), ids_all_to_all=True)
