@@ -1,6 +1,8 @@
 # Two commands set everything up on a fresh machine with Python 3.11:
 #   make train   creates .venv (pinned CPU stack) when missing, then trains on the embedded default
 #   make test    same set-up, then the linter, the format check and the test suite (what .ci/run calls)
+#   make integration   as root: a Slurm cluster and the CPU image, started and built by tests/integration
+#                      (installs the Debian packages it needs; .ci/run calls it after make test)
 # Extra arguments: make train ARGS="model=dlrm_v2 trainer.max_steps=100"   make test PYTEST_ARGS="-k tsv"
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -12,7 +14,7 @@ TORCH_PIP_ARGS ?=
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: train test venv clean
+.PHONY: train test integration venv clean
 
 venv: $(VENV)/.installed
 
@@ -34,6 +36,9 @@ test: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+integration: venv
+	$(PY) -m pytest -m integration tests/integration $(PYTEST_ARGS)
 
 # Not outputs/: it holds every run's metrics, logs and checkpoints.
 clean:

@@ -1,0 +1,209 @@
+"""The trainer on a real Slurm cluster through torchx, as the README's Launch section runs it from a login node.
+
+The suite starts a one-node Slurm 22.05 cluster with slurmdbd accounting (daemons.py) and runs the README's
+commands from a copy of the checkout: ``torchx run -s slurm`` of the component on 2 ranks with a job directory,
+``torchx status`` / ``describe`` (read from ``sacct``) / ``log``; then a job stopped by SIGTERM (what Slurm sends
+on preemption) that exits 143, is requeued by its batch script and resumes from its checkpoint to the same
+final model as the uninterrupted job.
+
+    make integration          # or: python -m pytest -m integration tests/integration/test_slurm.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+from daemons import SlurmCluster, needs_root_and_packages
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+STEPS = 200
+# The README's Slurm example, shortened: the same flags, a small synthetic run
+TRAIN = [
+    f"trainer.max_steps={STEPS}",
+    "data.num_train_samples=1000000",
+    "data.num_val_samples=2048",
+    "logger.log_every_n_steps=10",
+    "eval.every_n_steps=null",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    why = needs_root_and_packages(["munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd", "sbatch"])
+    if why:
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="dlrm-slurm-"))
+    c = SlurmCluster(root)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def login(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkout as a user has it on the login node: the repository's files, tracked and untracked-not-ignored
+    (no outputs/, no .venv); torchx copies it into each job's directory."""
+    dst = tmp_path_factory.mktemp("login") / "dlrm"
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for f in filter(None, (x.decode() for x in files)):
+        if (REPO / f).is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, dst / f)
+    return dst
+
+
+def _env(cluster: SlurmCluster) -> Dict[str, str]:
+    env = {
+        k: v
+        for k, v in cluster.env.items()
+        if not k.startswith(("DLRM_", "TORCHX_", "TORCHELASTIC_", "SLURM_JOB", "SBATCH_"))
+        and k not in ("RANK", "WORLD_SIZE")
+    }
+    # the venv's torchx and python, as after `source .venv/bin/activate`; a requeued job appends to its logs
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        OMP_NUM_THREADS="1",
+        SBATCH_OPEN_MODE="append",
+        SLURM_OPEN_MODE="append",
+    )
+    return env
+
+
+def torchx(cluster: SlurmCluster, login: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "torchx"), *args], cwd=login, env=_env(cluster), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def submit(cluster: SlurmCluster, login: Path, job_dir: Path, *extra: str) -> str:
+    """The README's command; returns the app handle ``slurm://torchx/<job id>``."""
+    p = torchx(
+        cluster, login, "run", "-s", "slurm", "-cfg", f"job_dir={job_dir}", "launch/components.py:trainer",
+        "-j", "1x2", "--cpu", "2", "--memMB", "4096", *extra, "--", *TRAIN,
+    )  # fmt: skip
+    handle = re.search(r"slurm://torchx/(\d+)", p.stdout + p.stderr)
+    assert p.returncode == 0 and handle, p.stdout + p.stderr
+    return handle.group(0)
+
+
+def wait_state(cluster: SlurmCluster, login: Path, handle: str, timeout: float) -> str:
+    """Poll ``torchx status`` until the app is in a final state; return that state's name."""
+    end = time.monotonic() + timeout
+    out = ""
+    while time.monotonic() < end:
+        p = torchx(cluster, login, "status", handle)
+        out = p.stdout + p.stderr
+        m = re.search(r"State: (\w+)", out)
+        if m and m.group(1) in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return m.group(1)
+        time.sleep(2)
+    raise TimeoutError(f"{handle} not finished within {timeout:.0f} s: {out}\n{cluster.log('slurmctld')}")
+
+
+def metrics(run_dir: Path) -> List[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished(cluster: SlurmCluster, login: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One job of the README's form run to the end: its handle, job directory and run directory."""
+    job_dir = tmp_path_factory.mktemp("runs") / "smoke"
+    handle = submit(cluster, login, job_dir)
+    state = wait_state(cluster, login, handle, timeout=300)
+    job_id = handle.rsplit("/", 1)[1]
+    return {"handle": handle, "id": job_id, "job_dir": job_dir, "state": state}
+
+
+def test_two_ranks_finish_with_status_describe_and_logs_in_the_job_dir(
+    cluster: SlurmCluster, login: Path, finished: dict
+) -> None:
+    handle, job_id, job_dir = finished["handle"], finished["id"], finished["job_dir"]
+    assert finished["state"] == "SUCCEEDED", (job_dir / f"slurm-{job_id}-train-0.err").read_text()
+
+    # status and describe come from sacct (slurmdbd accounting)
+    status = torchx(cluster, login, "status", handle)
+    assert status.returncode == 0 and re.search(r"State: SUCCEEDED", status.stdout), status.stdout + status.stderr
+    describe = torchx(cluster, login, "describe", handle)
+    assert describe.returncode == 0, describe.stdout + describe.stderr
+    assert re.search(r"'name': 'train',\s+'num_replicas': 1,", describe.stdout), describe.stdout
+    rows = cluster.sacct(job_id, "JobID,JobName,State,ExitCode")
+    assert rows[0] == {"JobID": job_id, "JobName": "train-0", "State": "COMPLETED", "ExitCode": "0:0"}, rows
+
+    # logs: Slurm's files in the job directory, none in the caller's folder; torchx log reads them from there
+    assert sorted(p.name for p in job_dir.glob("slurm-*")) == [
+        f"slurm-{job_id}-train-0.err",
+        f"slurm-{job_id}-train-0.out",
+        f"slurm-{job_id}.out",
+    ]
+    assert not list(login.glob("slurm-*")) and not list(login.glob("outputs"))
+    log = torchx(cluster, login, "log", "--streams", "stdout", f"{handle}/train/0")
+    assert log.returncode == 0, log.stdout + log.stderr
+    final = re.search(r"final validation AUC (0\.\d{4})", log.stdout)
+    assert final, log.stdout[-3000:]
+
+    # the run directory: outputs/<job id> in the job directory, both ranks in one
+    run_dir = job_dir / "outputs" / job_id
+    recs = metrics(run_dir)
+    assert [r["step"] for r in recs if "loss" in r] == list(range(10, STEPS + 1, 10))
+    assert recs[0]["samples"] == 10 * 256 * 2
+    (val,) = [r for r in recs if "val_auc" in r]
+    assert val["val_samples"] == 2048 and f"{val['val_auc']:.4f}" == final.group(1)
+    assert sorted(p.name for p in (job_dir / "outputs").iterdir()) == [job_id]
+
+
+def test_sigterm_exits_143_and_the_requeued_job_resumes_to_the_same_model(
+    cluster: SlurmCluster, login: Path, finished: dict, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``scancel --signal=TERM`` (Slurm's preemption signal) mid-run: both ranks save, the launcher exits 143, the
+    batch script requeues the job (``--max_retries 1``); the same job id starts again in the same run directory,
+    resumes from the checkpoint and ends with the uninterrupted job's loss and AUC, bit for bit."""
+    job_dir = tmp_path_factory.mktemp("runs") / "preempted"
+    handle = submit(cluster, login, job_dir, "--max_retries", "1")
+    job_id = handle.rsplit("/", 1)[1]
+    out, err = job_dir / f"slurm-{job_id}-train-0.out", job_dir / f"slurm-{job_id}-train-0.err"
+    end = time.monotonic() + 240
+    while not (out.is_file() and re.search(r"step +\d+/", out.read_text())):
+        assert time.monotonic() < end, cluster.log("slurmctld")
+        time.sleep(0.2)
+    cluster.run(["scancel", "--signal=TERM", job_id])
+    state = wait_state(cluster, login, handle, timeout=300)
+    # both attempts' lines: the job was submitted with SBATCH_OPEN_MODE / SLURM_OPEN_MODE=append
+    log, batch = out.read_text() + err.read_text(), (job_dir / f"slurm-{job_id}.out").read_text()
+    assert state == "SUCCEEDED", log[-3000:]
+    assert re.findall(r"^job exited with code (\d+)$", batch, re.M) == ["143", "0"], batch[-3000:]
+    assert "torchrun: stopped by SIGTERM" in log and "exit status 143" in log, log[-3000:]
+    saved = re.search(r"SIGTERM: finished step (\d+), saved", log)
+    assert saved, log[-3000:]
+    attempts = cluster.sacct(job_id, "JobID,State", "--duplicates")
+    assert [r["State"] for r in attempts if r["JobID"] == job_id] == ["REQUEUED", "COMPLETED"], attempts
+
+    run_dir = job_dir / "outputs" / job_id
+    assert sorted(p.name for p in (job_dir / "outputs").iterdir()) == [job_id]
+    recs = metrics(run_dir)
+    steps = [r["step"] for r in recs if "loss" in r]
+    assert steps[-1] == STEPS and int(saved.group(1)) < STEPS
+    ref = metrics(finished["job_dir"] / "outputs" / finished["id"])
+    last = {k: [r for r in recs if k in r][-1][k] for k in ("loss", "val_auc")}
+    want = {k: [r for r in ref if k in r][-1][k] for k in ("loss", "val_auc")}
+    assert last == want
