@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,15 +30,26 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-STEPS = 200
-# The README's Slurm example, shortened: the same flags, a small synthetic run
-TRAIN = [
-    f"trainer.max_steps={STEPS}",
-    "data.num_train_samples=1000000",
-    "data.num_val_samples=2048",
-    "logger.log_every_n_steps=10",
-    "eval.every_n_steps=null",
-]
+
+
+def readme_commands() -> Dict[str, List[str]]:
+    """The README's Slurm commands (its first code block under "Slurm, from a login node"), by first words:
+    ``export``, ``run``, ``status``, ``describe``, ``log``; comments dropped, continuation lines joined."""
+    text = (REPO / "README.md").read_text().split("### Slurm, from a login node", 1)[1]
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    cmds = [shlex.split(line, comments=True) for line in block.splitlines()]
+    return {(c[0] if c[0] == "export" else c[1]): c for c in cmds if c}
+
+
+README = readme_commands()
+STEPS = int(next(a for a in README["run"] if a.startswith("trainer.max_steps=")).split("=")[1])
+VAL_SAMPLES = int(next(a for a in README["run"] if a.startswith("data.num_val_samples=")).split("=")[1])
+
+
+def test_the_readme_gives_the_commands_this_suite_runs() -> None:
+    assert sorted(README) == ["describe", "export", "log", "run", "status"]
+    assert README["run"][:6] == ["torchx", "run", "-s", "slurm", "-cfg", "job_dir=$HOME/jobs/smoke"]
+    assert "--max_retries" in README["run"] and "eval.every_n_steps=null" in README["run"]
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +92,9 @@ def _env(cluster: SlurmCluster) -> Dict[str, str]:
         if not k.startswith(("DLRM_", "TORCHX_", "TORCHELASTIC_", "SLURM_JOB", "SBATCH_"))
         and k not in ("RANK", "WORLD_SIZE")
     }
-    # the venv's torchx and python, as after `source .venv/bin/activate`; a requeued job appends to its logs
-    env.update(
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        OMP_NUM_THREADS="1",
-        SBATCH_OPEN_MODE="append",
-        SLURM_OPEN_MODE="append",
-    )
+    # the venv's torchx and python, as after `source .venv/bin/activate`, and the README's exports
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
+    env.update(kv.split("=", 1) for kv in README["export"][1:])
     return env
 
 
@@ -96,15 +104,19 @@ def torchx(cluster: SlurmCluster, login: Path, *args: str, timeout: float = 120)
     )
 
 
-def submit(cluster: SlurmCluster, login: Path, job_dir: Path, *extra: str) -> str:
-    """The README's command; returns the app handle ``slurm://torchx/<job id>``."""
-    p = torchx(
-        cluster, login, "run", "-s", "slurm", "-cfg", f"job_dir={job_dir}", "launch/components.py:trainer",
-        "-j", "1x2", "--cpu", "2", "--memMB", "4096", *extra, "--", *TRAIN,
-    )  # fmt: skip
+def submit(cluster: SlurmCluster, login: Path, job_dir: Path) -> str:
+    """The README's ``torchx run`` with ``job_dir`` in place of its example path; returns the app handle
+    ``slurm://torchx/<job id>``."""
+    args = [f"job_dir={job_dir}" if a.startswith("job_dir=") else a for a in README["run"][1:]]
+    p = torchx(cluster, login, *args)
     handle = re.search(r"slurm://torchx/(\d+)", p.stdout + p.stderr)
     assert p.returncode == 0 and handle, p.stdout + p.stderr
     return handle.group(0)
+
+
+def readme(cmd: str, handle: str) -> List[str]:
+    """The README's ``torchx <cmd>`` for the app ``handle``, without the leading ``torchx``."""
+    return [a.replace("slurm://torchx/JOBID", handle) for a in README[cmd][1:]]
 
 
 def wait_state(cluster: SlurmCluster, login: Path, handle: str, timeout: float) -> str:
@@ -142,9 +154,9 @@ def test_two_ranks_finish_with_status_describe_and_logs_in_the_job_dir(
     assert finished["state"] == "SUCCEEDED", (job_dir / f"slurm-{job_id}-train-0.err").read_text()
 
     # status and describe come from sacct (slurmdbd accounting)
-    status = torchx(cluster, login, "status", handle)
+    status = torchx(cluster, login, *readme("status", handle))
     assert status.returncode == 0 and re.search(r"State: SUCCEEDED", status.stdout), status.stdout + status.stderr
-    describe = torchx(cluster, login, "describe", handle)
+    describe = torchx(cluster, login, *readme("describe", handle))
     assert describe.returncode == 0, describe.stdout + describe.stderr
     assert re.search(r"'name': 'train',\s+'num_replicas': 1,", describe.stdout), describe.stdout
     rows = cluster.sacct(job_id, "JobID,JobName,State,ExitCode")
@@ -157,7 +169,7 @@ def test_two_ranks_finish_with_status_describe_and_logs_in_the_job_dir(
         f"slurm-{job_id}.out",
     ]
     assert not list(login.glob("slurm-*")) and not list(login.glob("outputs"))
-    log = torchx(cluster, login, "log", "--streams", "stdout", f"{handle}/train/0")
+    log = torchx(cluster, login, *readme("log", handle))
     assert log.returncode == 0, log.stdout + log.stderr
     final = re.search(r"final validation AUC (0\.\d{4})", log.stdout)
     assert final, log.stdout[-3000:]
@@ -168,7 +180,7 @@ def test_two_ranks_finish_with_status_describe_and_logs_in_the_job_dir(
     assert [r["step"] for r in recs if "loss" in r] == list(range(10, STEPS + 1, 10))
     assert recs[0]["samples"] == 10 * 256 * 2
     (val,) = [r for r in recs if "val_auc" in r]
-    assert val["val_samples"] == 2048 and f"{val['val_auc']:.4f}" == final.group(1)
+    assert val["val_samples"] == VAL_SAMPLES and f"{val['val_auc']:.4f}" == final.group(1)
     assert sorted(p.name for p in (job_dir / "outputs").iterdir()) == [job_id]
 
 
@@ -179,7 +191,7 @@ def test_sigterm_exits_143_and_the_requeued_job_resumes_to_the_same_model(
     batch script requeues the job (``--max_retries 1``); the same job id starts again in the same run directory,
     resumes from the checkpoint and ends with the uninterrupted job's loss and AUC, bit for bit."""
     job_dir = tmp_path_factory.mktemp("runs") / "preempted"
-    handle = submit(cluster, login, job_dir, "--max_retries", "1")
+    handle = submit(cluster, login, job_dir)
     job_id = handle.rsplit("/", 1)[1]
     out, err = job_dir / f"slurm-{job_id}-train-0.out", job_dir / f"slurm-{job_id}-train-0.err"
     end = time.monotonic() + 240
