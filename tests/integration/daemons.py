@@ -1,6 +1,6 @@
-"""Daemons the integration tests start and stop themselves: a one-node Slurm cluster with job accounting (munged,
-MariaDB, slurmdbd, slurmctld, slurmd) from Debian's packages, each in the foreground under this process, with its
-configuration, state, sockets and logs in one directory and ports picked free at start.
+"""Daemons the integration tests start and stop themselves: a Slurm cluster on this host, one slurmd per node, with
+job accounting (munged, MariaDB, slurmdbd, slurmctld, slurmd) from Debian's packages, each in the foreground under
+this process, with its configuration, state, sockets and logs in one directory and ports picked free at start.
 
 Only what :class:`SlurmCluster` started is stopped, by its own process handle: jobs first (``scancel``, then
 waiting until ``squeue`` is empty, so that no ``slurmstepd`` outlives ``slurmd``), then the daemons in reverse
@@ -87,22 +87,31 @@ def _tail(log: Path, n: int = 20) -> str:
 
 
 class SlurmCluster:
-    """A one-node Slurm 22.05 cluster with slurmdbd accounting (what torchx's ``describe`` and ``status`` read
-    through ``sacct``), rooted at ``root``.
+    """A Slurm 22.05 cluster of ``nodes`` nodes on this host with slurmdbd accounting (what torchx's ``describe``
+    and ``status`` read through ``sacct``), rooted at ``root``.
 
     ``env`` is the environment for Slurm's client commands (``sbatch``, ``sacct``, ``torchx``): ``SLURM_CONF``
     names this cluster's slurm.conf, so the host's own /etc/slurm is neither read nor written.
     """
 
     def __init__(
-        self, root: Path, cluster_name: str = "dlrmtest", kill_wait_s: int = 30, cred_expire_s: int = 10
+        self,
+        root: Path,
+        nodes: int = 1,
+        cluster_name: str = "dlrmtest",
+        kill_wait_s: int = 30,
+        cred_expire_s: int = 10,
     ) -> None:
         self.root = root
         self.name = cluster_name
         self.kill_wait_s = kill_wait_s
         self.cred_expire_s = cred_expire_s
         self.procs: List[tuple] = []  # (name, Popen, log path), in start order
-        self.node = socket.gethostname()
+        self.host = socket.gethostname()
+        # One slurmd per node on this host (Debian builds Slurm with multiple-slurmd support). The first node is
+        # named after the host: torchx's rendezvous endpoint is the first het-job group's node name, which must
+        # resolve, and a higher Weight on the others makes the scheduler place that group there.
+        self.nodes = [self.host] + [f"{self.host}-n{i}" for i in range(2, nodes + 1)]
         self.conf = root / "etc" / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
 
@@ -130,7 +139,7 @@ class SlurmCluster:
         r.chmod(0o755)  # munge and mysql users reach their directories through it
         for d in ("etc", "log", "state", "spool", "run", "munge", "db"):
             (r / d).mkdir(parents=True, exist_ok=True)
-        ports = {k: free_port() for k in ("ctld", "slurmd", "dbd", "mysql")}
+        ports = {k: free_port() for k in ("ctld", "dbd", "mysql", *self.nodes)}
         munge_sock = r / "munge" / "munge.socket.2"
 
         # munged, as the munge user (it refuses root) with its own key, socket and state
@@ -201,11 +210,11 @@ class SlurmCluster:
         dbd_conf.chmod(0o600)
         cpus, mem = self._node_resources()
         self.conf.write_text(
-            f"ClusterName={self.name}\nSlurmctldHost={self.node}(127.0.0.1)\nSlurmUser=root\nSlurmdUser=root\n"
-            f"SlurmctldPort={ports['ctld']}\nSlurmdPort={ports['slurmd']}\n{ctld_auth}CredType=cred/munge\n"
-            f"StateSaveLocation={r / 'state'}\nSlurmdSpoolDir={r / 'spool'}\n"
-            f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}\nSlurmdPidFile={r / 'run' / 'slurmd.pid'}\n"
-            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}\nSlurmdLogFile={r / 'log' / 'slurmd.log'}\n"
+            f"ClusterName={self.name}\nSlurmctldHost={self.host}(127.0.0.1)\nSlurmUser=root\nSlurmdUser=root\n"
+            f"SlurmctldPort={ports['ctld']}\n{ctld_auth}CredType=cred/munge\n"
+            f"StateSaveLocation={r / 'state'}\nSlurmdSpoolDir={r / 'spool' / '%n'}\n"
+            f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}\nSlurmdPidFile={r / 'run' / 'slurmd-%n.pid'}\n"
+            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}\nSlurmdLogFile={r / 'log' / 'slurmd-%n.log'}\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core_Memory\n"
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\nReturnToService=2\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/slurmdbd\n"
@@ -214,14 +223,20 @@ class SlurmCluster:
             f"AccountingStoragePass={munge_sock}\nMailProg=/bin/true\n"
             # a job that becomes eligible (requeued, after cred_expire) starts in a second, not sched_interval's 60
             f"KillWait={self.kill_wait_s}\nSchedulerParameters=sched_interval=1,bf_interval=1\nMinJobAge=600\n"
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem} State=UNKNOWN\n"
-            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+            + "".join(
+                f"NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={cpus} "
+                f"RealMemory={mem // len(self.nodes)} Weight={i + 1} State=UNKNOWN\n"
+                for i, n in enumerate(self.nodes)
+            )
+            + "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         )
         dbd = self._spawn("slurmdbd", [which("slurmdbd"), "-D"], r / "log" / "slurmdbd.log")
         _wait_port(ports["dbd"], dbd, "slurmdbd", r / "log" / "slurmdbd.log")
         ctld = self._spawn("slurmctld", [which("slurmctld"), "-D", "-i"], r / "log" / "slurmctld.log")
         _wait_port(ports["ctld"], ctld, "slurmctld", r / "log" / "slurmctld.log")
-        self._spawn("slurmd", [which("slurmd"), "-D", "-N", self.node], r / "log" / "slurmd.log")
+        for n in self.nodes:
+            (r / "spool" / n).mkdir()
+            self._spawn(f"slurmd {n}", [which("slurmd"), "-D", "-N", n], r / "log" / f"slurmd-{n}.log")
         self._wait_idle()
 
     def _node_resources(self) -> tuple:
@@ -236,12 +251,12 @@ class SlurmCluster:
             for name, proc, log in self.procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with status {proc.returncode}:\n{_tail(log)}")
-            state = self.run(["sinfo", "-h", "-o", "%T"], check=False).stdout.strip()
-            if state == "idle":
+            state = self.run(["sinfo", "-h", "-o", "%T %D"], check=False).stdout.strip()
+            if state == f"idle {len(self.nodes)}":
                 return
             time.sleep(0.5)
-        log = _tail(self.root / "log" / "slurmd.log")
-        raise RuntimeError(f"node not idle within {timeout:.0f} s (sinfo: {state!r}):\n{log}")
+        log = _tail(self.root / "log" / f"slurmd-{self.nodes[-1]}.log")
+        raise RuntimeError(f"nodes not idle within {timeout:.0f} s (sinfo: {state!r}):\n{log}")
 
     # --------------------------------------------------------------------------------------------- clients
     def run(self, cmd: List[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:

@@ -1,10 +1,10 @@
 """The trainer on a real Slurm cluster through torchx, as the README's Launch section runs it from a login node.
 
-The suite starts a one-node Slurm 22.05 cluster with slurmdbd accounting (daemons.py) and runs the README's
-commands from a copy of the checkout: ``torchx run -s slurm`` of the component on 2 ranks with a job directory,
-``torchx status`` / ``describe`` (read from ``sacct``) / ``log``; then a job stopped by SIGTERM (what Slurm sends
-on preemption) that exits 143, is requeued by its batch script and resumes from its checkpoint to the same
-final model as the uninterrupted job.
+The suite starts a two-node Slurm 22.05 cluster on this host with slurmdbd accounting (daemons.py) and runs the
+README's commands from a copy of the checkout: ``torchx run -s slurm`` of the component on 2 ranks with a job
+directory, ``torchx status`` / ``describe`` (read from ``sacct``) / ``log``; a job stopped by SIGTERM (what Slurm
+sends on preemption) that exits 143, is requeued by its batch script and resumes from its checkpoint to the same
+final model as the uninterrupted job; and the same command on two nodes, one rank each.
 
     make integration          # or: python -m pytest -m integration tests/integration/test_slurm.py
 """
@@ -58,7 +58,7 @@ def cluster() -> Iterator[SlurmCluster]:
     if why:
         pytest.skip(why)
     root = Path(tempfile.mkdtemp(prefix="dlrm-slurm-"))
-    c = SlurmCluster(root)
+    c = SlurmCluster(root, nodes=2)
     try:
         c.start()
         yield c
@@ -219,3 +219,35 @@ def test_sigterm_exits_143_and_the_requeued_job_resumes_to_the_same_model(
     last = {k: [r for r in recs if k in r][-1][k] for k in ("loss", "val_auc")}
     want = {k: [r for r in ref if k in r][-1][k] for k in ("loss", "val_auc")}
     assert last == want
+
+
+def test_two_nodes_one_rank_each(cluster: SlurmCluster, login: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The README's command with ``-j 2x1``: one het-job group per node (two slurmd on this host), torchrun on each,
+    rendezvous at the first node; both ranks write one run directory, each node its own log files."""
+    job_dir = tmp_path_factory.mktemp("runs") / "two-nodes"
+    args = [f"job_dir={job_dir}" if a.startswith("job_dir=") else a for a in README["run"][1:]]
+    args[args.index("-j") + 1] = "2x1"
+    p = torchx(cluster, login, *args)
+    handle = re.search(r"slurm://torchx/(\d+)", p.stdout + p.stderr)
+    assert p.returncode == 0 and handle, p.stdout + p.stderr
+    job_id = handle.group(1)
+    state = wait_state(cluster, login, handle.group(0), timeout=300)
+    assert state == "SUCCEEDED", (job_dir / f"slurm-{job_id}-train-0.err").read_text()[-3000:]
+    # torchx's state is its last sacct row's: the other het-job group may still be completing
+    end = time.monotonic() + 60
+    while True:
+        rows = cluster.sacct(job_id, "JobID,State,NodeList")
+        groups = {r["JobID"]: (r["State"], r["NodeList"]) for r in rows if "." not in r["JobID"]}
+        if all(st in ("COMPLETED", "FAILED", "CANCELLED") for st, _ in groups.values()) or time.monotonic() > end:
+            break
+        time.sleep(1)
+    assert groups == {f"{job_id}+0": ("COMPLETED", cluster.nodes[0]), f"{job_id}+1": ("COMPLETED", cluster.nodes[1])}
+    assert {f"slurm-{job_id}-train-{n}.{s}" for n in (0, 1) for s in ("out", "err")} <= {
+        p.name for p in job_dir.glob("slurm-*")
+    }
+    log = torchx(cluster, login, *readme("log", handle.group(0)))
+    assert re.search(r"final validation AUC 0\.\d{4}", log.stdout), log.stdout[-3000:]
+    recs = metrics(job_dir / "outputs" / job_id)
+    assert [r["step"] for r in recs if "loss" in r] == list(range(10, STEPS + 1, 10))
+    assert recs[0]["samples"] == 10 * 256 * 2  # two ranks
+    assert [r["val_samples"] for r in recs if "val_auc" in r] == [VAL_SAMPLES]
