@@ -24,6 +24,7 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # torch's CPU wheels: where the host keeps them, mounted at /wheels during the build (a pip find-links dir)
 WHEEL_DIR = Path("/opt/wheels")
 WHEELS_IN_BUILD = "/wheels"
+CONTAINER_HOST = "dlrm-v2-test"
 
 
 def buildah(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
@@ -94,11 +95,15 @@ def image_size_mb(tag: str) -> float:
 
 
 def run_in(tag: str, cmd: List[str], timeout: float, workdir: str = "/workspace/dlrm") -> subprocess.CompletedProcess:
-    """Run ``cmd`` in a working container of ``tag`` (``buildah run --isolation chroot``) and remove it."""
-    ctr = buildah("from", tag).stdout.strip()
+    """Run ``cmd`` in a working container of ``tag`` (``buildah run --isolation chroot``) and remove it. As in
+    Docker, the container's host name resolves, to 127.0.0.1 (a debootstrap tree has no /etc/hosts): torchrun's
+    rendezvous serves its store at the host name."""
+    ctr = buildah("from", "--add-host=localhost:127.0.0.1", f"--add-host={CONTAINER_HOST}:127.0.0.1", tag).stdout
+    ctr = ctr.strip()
     try:
         return subprocess.run(
-            [which("buildah"), "run", "--isolation", "chroot", "--workingdir", workdir, ctr, "--", *cmd],
+            [which("buildah"), "run", "--isolation", "chroot", "--hostname", CONTAINER_HOST, "--workingdir", workdir]
+            + [ctr, "--", *cmd],
             capture_output=True,
             text=True,
             timeout=timeout,
