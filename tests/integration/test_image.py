@@ -52,7 +52,12 @@ def image() -> Iterator[str]:
     if _torch_wheel():
         args.append("TORCH_INDEX_URL=https://pypi.org/simple")
         volumes.append(f"{WHEEL_DIR}:{WHEELS_IN_BUILD}:ro")
+    old = buildah("images", "-q", "--no-trunc", TAG, check=False).stdout.split()
     build_s = build(REPO, TAG, args, volumes)
+    # the previous build of the tag, superseded: its layers are no cache for the next build (they held older code)
+    new = buildah("images", "-q", "--no-trunc", TAG).stdout.split()
+    for image_id in set(old) - set(new):
+        buildah("rmi", image_id, check=False)
     size = image_size_mb(TAG)
     sys.__stdout__.write(
         f"\nimage {TAG}: {size:,.0f} MiB; built in {build_s:.0f} s"
