@@ -3,6 +3,8 @@
 #   make test    same set-up, then the linter, the format check and the test suite (what .ci/run calls)
 # On a GPU host add STACK=gpu (make train STACK=gpu, make test STACK=gpu, make venv STACK=gpu): the CUDA 13.0
 # stack verified on H200. One .venv holds one stack: `make clean` before switching.
+#   make integration   as root: a Slurm cluster and the CPU image, started and built by tests/integration
+#                      (installs the Debian packages it needs; .ci/run calls it after make test)
 # Extra arguments: make train ARGS="model=dlrm_v2 trainer.max_steps=100"   make test PYTEST_ARGS="-k tsv"
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -40,7 +42,7 @@ else
 $(error STACK=$(STACK): use STACK=cpu (the default) or STACK=gpu)
 endif
 
-.PHONY: train test venv clean
+.PHONY: train test integration venv clean
 
 venv: $(STAMP)
 
@@ -61,6 +63,9 @@ test: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+integration: venv
+	$(PY) -m pytest -m integration tests/integration $(PYTEST_ARGS)
 
 # Not outputs/: it holds every run's metrics, logs and checkpoints.
 clean:

@@ -35,6 +35,20 @@ def _pins(lines) -> Dict[str, str]:
     return out
 
 
+def _stack_branch(stack: str) -> str:
+    """The Dockerfile's install commands for build argument ``STACK=<stack>`` (its ``case`` branch)."""
+    m = re.search(rf"^\s+{stack}\) (.*?);;", DOCKERFILE, re.M | re.S)
+    assert m, f"no STACK={stack} branch in the Dockerfile"
+    return m.group(1)
+
+
+def _installed(branch: str) -> Dict[str, str]:
+    return {
+        _norm(n): v
+        for n, v in re.findall(r"pip install[^;\n]*?\b(torch|fbgemm-gpu(?:-cpu)?|torchrec)==([\w.+-]+)", branch)
+    }
+
+
 def _make_steps(tmp_path: Path, *args: str) -> List[str]:
     """The pip arguments of ``make -n venv <args>`` in order (a dry run: nothing is installed)."""
     p = subprocess.run(
@@ -53,8 +67,8 @@ def test_make_venv_installs_each_stack_in_order(tmp_path: Path) -> None:
     cpu = _make_steps(tmp_path)
     assert cpu == ["torch==2.13.0", "fbgemm-gpu-cpu==1.8.0", "-r requirements.txt", "--no-deps torchrec==1.8.0"]
     assert _make_steps(tmp_path, "STACK=cpu") == cpu
-    index = re.search(r"ARG TORCH_INDEX_URL=(\S+)", DOCKERFILE).group(1)
-    docker = dict(re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)", DOCKERFILE))
+    index = re.search(r"gpu\) index=\$\{TORCH_INDEX_URL:-(\S+)\}", DOCKERFILE).group(1)
+    docker = _installed(_stack_branch("gpu"))
     gpu = _make_steps(tmp_path, "STACK=gpu")
     assert gpu == [
         f"torch=={docker['torch']} --index-url {index}",
@@ -62,7 +76,7 @@ def test_make_venv_installs_each_stack_in_order(tmp_path: Path) -> None:
         "-r requirements.txt",
         f"--no-deps torchrec=={docker['torchrec']}",
     ]
-    assert "pip install --no-deps torchrec==" in DOCKERFILE
+    assert f"pip install --no-deps torchrec=={docker['torchrec']}" in _stack_branch("gpu")
     extra = _pins(PYPROJECT["project"]["optional-dependencies"]["gpu"])
     assert extra == {"torch": docker["torch"], "fbgemm-gpu": docker["fbgemm-gpu"]}
     # the interpreter running this test has one of the two stacks, at its pins
@@ -96,19 +110,35 @@ def test_make_refuses_to_mix_stacks_in_one_venv(tmp_path: Path) -> None:
 
 
 def test_dockerfile_pins_the_gpu_stack() -> None:
-    gpu = dict(re.findall(r"pip install[^\n]*?\b(torch|fbgemm-gpu|torchrec)==([\w.+-]+)", DOCKERFILE))
+    gpu = _installed(_stack_branch("gpu"))
     assert set(gpu) == {"torch", "fbgemm-gpu", "torchrec"}
-    asserted = re.search(r"assert got == \('([\w.]+)', '([\w.]+)', '([\w.]+)'\)", DOCKERFILE)
+    assert _pins(PYPROJECT["project"]["optional-dependencies"]["gpu"]) == {k: gpu[k] for k in ("torch", "fbgemm-gpu")}
+    asserted = re.search(r"'gpu': \('([\w.]+)', '([\w.]+)', '([\w.]+)'\)", DOCKERFILE)
     assert asserted and asserted.groups() == (gpu["torch"], gpu["fbgemm-gpu"], gpu["torchrec"])
+    assert re.search(r"^ARG STACK=gpu$", DOCKERFILE, re.M)  # a plain `docker build` gives the cluster image
     # the CUDA build of the wheels matches the base image's CUDA: cu130 <-> nvidia/cuda:13.0.x
     cuda = re.search(r"ARG BASE_IMAGE=nvidia/cuda:(\d+)\.(\d+)\.(\d+)-[\w.-]+", DOCKERFILE)
-    index = re.search(r"ARG TORCH_INDEX_URL=\S+/whl/cu(\d+)", DOCKERFILE)
+    index = re.search(r"gpu\) index=\$\{TORCH_INDEX_URL:-\S+/whl/cu(\d+)\}", DOCKERFILE)
     assert cuda and index and index.group(1) == cuda.group(1) + cuda.group(2)
     readme = (REPO / "README.md").read_text()
     stack = f"torch {gpu['torch']} (cu{index.group(1)}), fbgemm-gpu {gpu['fbgemm-gpu']} and torchrec {gpu['torchrec']}"
     assert stack in readme
     assert re.search(r"docker build -t (\S+) \.\ndocker push \1\n", readme)
     assert re.search(r"torchx run -s kubernetes [^`]*--image ", readme)
+
+
+def test_dockerfile_cpu_stack_is_the_makefiles(tmp_path: Path) -> None:
+    """``STACK=cpu`` installs the Makefile's CPU stack, in its order, from torch's CPU index."""
+    make = {
+        _norm(n): v
+        for n, v in re.findall(r"(torch|fbgemm-gpu-cpu|torchrec)==([\w.]+)", " ".join(_make_steps(tmp_path)))
+    }
+    cpu = _stack_branch("cpu")
+    assert set(make) == {"torch", "fbgemm-gpu-cpu", "torchrec"} and _installed(cpu) == make
+    assert "index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" in cpu
+    assert f"pip install --no-deps torchrec=={make['torchrec']}" in cpu
+    asserted = re.search(r"'cpu': \('([\w.]+)', '([\w.]+)', '([\w.]+)'\)", DOCKERFILE)
+    assert asserted and asserted.groups() == (make["torch"], make["fbgemm-gpu-cpu"], make["torchrec"])
 
 
 def test_dockerfile_is_multistage_and_runs_train_py() -> None:
