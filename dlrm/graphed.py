@@ -102,7 +102,8 @@ def check_graphed(
 
     Raises:
         ConfigError: not CUDA; a learning-rate warm-up or decay (``optimizer.warmup_steps``,
-            ``optimizer.decay_steps``); ``offload`` other than ``none``; on several ranks, a plan (or
+            ``optimizer.decay_steps``); ``offload`` other than ``none``; data_parallel tables (the compiled dense
+            Adagrad step does not take their weights); on several ranks, a plan (or
             ``sharding.sharding_types``) with row_wise, table_row_wise or grid_shard tables, whose input dist sends
             each id to the rank holding its row (the all-to-all's sizes change every batch), or
             ``perf.allreduce_dtype`` other than fp32 (the graph all-reduces the dense gradients in fp32).
@@ -121,6 +122,14 @@ def check_graphed(
         )
     if cfg.offload.name != "none":
         raise ConfigError(f"{key} is not built for offload={cfg.offload.name}; use offload=none or pipeline=prefetch")
+    if "data_parallel" in (sharding_types if sharding_types is not None else cfg.sharding.sharding_types or ()):
+        # torch.compile of the dense Adagrad step stops with a FakeTensor error on a data_parallel table's weights
+        # (torch 2.11, H200); the CPU tests never compile, so they cannot catch it
+        raise ConfigError(
+            f"{key} compiles the dense Adagrad step into the graph, and that compile fails on data_parallel tables' "
+            "weights; keep data_parallel out of the plan (e.g. sharding.sharding_types=[table_wise,column_wise]) or "
+            "use pipeline=sparse_dist"
+        )
     if world_size == 1:
         return
     types = sharding_types
@@ -238,8 +247,7 @@ class GraphedTrainPipeline:
             ):
                 raise ConfigError(
                     "config key `pipeline.name`: pipeline=graphed steps the dense parameters with Adagrad (no "
-                    "lr_decay, not maximize) only; with data_parallel tables use optimizer.sparse_type=adagrad, or "
-                    "pipeline=sparse_dist"
+                    "lr_decay, not maximize) only; use pipeline=sparse_dist"
                 )
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._next: Optional[Batch] = None

@@ -300,8 +300,14 @@ def test_a_plan_with_row_split_tables_is_refused_on_several_ranks() -> None:
     cfg = to_config(compose(["pipeline=graphed"]))
     with pytest.raises(ConfigError, match="table_row_wise tables send each id to the rank that holds its row"):
         check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "table_row_wise", "column_wise"])
-    check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "column_wise", "data_parallel"])
+    check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "column_wise"])
     check_graphed(cfg, 1, torch.device("cuda"), ["row_wise"])  # one rank: nothing is sent
+    for world in (1, 16):  # the compiled dense step does not take data_parallel tables' weights
+        with pytest.raises(ConfigError, match="that compile fails on data_parallel tables' weights"):
+            check_graphed(cfg, world, torch.device("cuda"), ["table_wise", "data_parallel"])
+    dp = to_config(compose(["pipeline=graphed", "sharding.sharding_types=[table_wise,data_parallel]"]))
+    with pytest.raises(ConfigError, match="keep data_parallel out of the plan"):
+        check_graphed(dp, 1, torch.device("cuda"))
 
 
 @pytest.mark.parametrize(
