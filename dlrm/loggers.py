@@ -112,6 +112,8 @@ def quiet_known_warnings() -> None:
     - FBGEMM's dense (data_parallel) TBE on CPU has no registered autograd kernel; its gradients are still
       right (``tests/test_sharding_equivalence.py`` compares data_parallel tables with an unsharded model).
     - TorchRec's FutureWarnings about its own use of DDP arguments and HeuristicalStorageReservation.
+    - On the GPU stack: TorchRec's call of torch's deprecated ``_get_pg_default_device``, and FBGEMM's notice that
+      its B200 backward path is off on other GPUs.
     """
     warnings.filterwarnings("ignore", message=r".*an autograd kernel was not registered to the Autograd key")
     # torch 2.13 deprecates the collectives TorchRec 1.8 itself calls (row_wise output dist, gradient all-gather),
@@ -127,6 +129,10 @@ def quiet_known_warnings() -> None:
     if not any(isinstance(f, _DropMessage) for f in planner_types.filters):
         planner_types.addFilter(_DropMessage("The topology was constructed directly rather than via TopologyFactory"))
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\..*")
+    # TorchRec 1.6 calls torch's own `_get_pg_default_device` when it shards; FBGEMM 1.6's TBE backward reports on
+    # CUDA that its B200-only path is off (device_major 9 is the H100/H200): neither is ours to act on
+    warnings.filterwarnings("ignore", message=r"`_get_pg_default_device` will be deprecated")
+    warnings.filterwarnings("ignore", message=r"TBE B200 optimization: ")
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*HeuristicalStorageReservation")
 
 

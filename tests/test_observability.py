@@ -637,3 +637,29 @@ def test_start_up_is_short_and_library_warnings_are_quiet(tmp_path: Path, capsys
     finally:
         t.close()
     assert "shards (rows x cols)" in capsys.readouterr().out
+
+
+def test_gpu_stack_notices_are_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    """The GPU stack's import-time and per-step library notices (seen on torch 2.11 + fbgemm-gpu 1.6.0 + torchrec
+    1.6.1) print nothing; other warnings still do."""
+    import logging
+    import warnings
+
+    import dlrm  # noqa: F401  (its import installs the root-logger filter)
+    from dlrm.loggers import quiet_known_warnings
+
+    with caplog.at_level(logging.WARNING):
+        logging.warning("\n   _fbgemm_torch_compat_table has no entry for 1.6.0 of FBGEMM;\n   cannot determine")
+        logging.warning("FBGEMM_GPU version is 1.6.0, which is not guaranteed to be compatible")
+    assert [r.getMessage() for r in caplog.records] == [
+        "FBGEMM_GPU version is 1.6.0, which is not guaranteed to be compatible"
+    ]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_known_warnings()
+        warnings.warn(
+            "`_get_pg_default_device` will be deprecated, it only stays for backward-compatibility", stacklevel=1
+        )
+        warnings.warn("TBE B200 optimization: device_major=9, feature_enabled=0, segment_length=1024", stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
+    assert [str(w.message) for w in seen] == ["something else"]
