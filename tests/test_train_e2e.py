@@ -291,7 +291,11 @@ def test_a_refused_relaunch_leaves_the_run_as_it_was(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
     for extra, error, match in (
         (["checkpoint.resume=none"], ConfigError, re.escape(none) + "$"),
-        (["model.embedding_dim=32", "model.dense_arch_layer_sizes=[64,32]"], InputError, "has shape"),
+        (
+            ["model.embedding_dim=32", "model.dense_arch_layer_sizes=[64,32]"],
+            InputError,
+            re.escape("has no place in this model: model.dense_arch_layer_sizes was [64, 32, 16] in the checkpoint"),
+        ),
         ([f"checkpoint.dir={tmp_path / 'afile'}"], ConfigError, "is a file; give a directory$"),
     ):
         t = Trainer(compose(base + extra), str(tmp_path))
