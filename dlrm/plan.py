@@ -38,8 +38,6 @@ from omegaconf.errors import OmegaConfBaseException
 from dlrm import estimate as est
 from dlrm.config import (
     Config,
-    ConfigError,
-    InputError,
     compose,
     error_line,
     output_file_problem,
@@ -47,6 +45,7 @@ from dlrm.config import (
     to_config,
     unknown_key_error,
 )
+from dlrm.errors import ConfigError, InputError
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan

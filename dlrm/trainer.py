@@ -39,8 +39,9 @@ from dlrm.checkpoint import (
     planning_inputs,
     saved_plan,
 )
-from dlrm.config import Config, ConfigError, per_rank_batch, to_config
+from dlrm.config import Config, per_rank_batch, to_config
 from dlrm.dist import DistInfo, init_distributed
+from dlrm.errors import ConfigError
 from dlrm.graphed import GraphedTrainPipeline, check_graphed, use_capture_stream
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import EXACT_AUC_MAX_ROWS, EvalAccumulator, MetricWindow
