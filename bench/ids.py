@@ -226,7 +226,7 @@ def skewed_values(
 
     Raises:
         ValueError: the model does not have the 26 tables the exponents were fitted for.
-        dlrm.config.ConfigError: expansion tables over ``dlrm.data.MULTI_HOT_MAX_BYTES``.
+        dlrm.errors.ConfigError: expansion tables over ``dlrm.data.MULTI_HOT_MAX_BYTES``.
     """
     rows = tuple(int(r) for r in table_rows)
     sampler = _sampler(rows, dist)
@@ -255,7 +255,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, float]]:
     )
     p.add_argument("--fit", required=True, metavar="FILE", help="a Criteo TSV file (label, I1..I13, C1..C26)")
     args = p.parse_args(argv)
-    from dlrm.config import InputError
+    from dlrm.errors import InputError
 
     try:
         fit = fit_file(args.fit)

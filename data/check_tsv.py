@@ -19,8 +19,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrm.config import InputError  # noqa: E402
 from dlrm.data.criteo_tsv import NUM_CAT, NUM_INT, TsvFormatError, check_file, open_input, read_tsv  # noqa: E402
+from dlrm.errors import InputError  # noqa: E402
 
 
 def missing_shares(path: str) -> np.ndarray:

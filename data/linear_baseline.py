@@ -47,7 +47,8 @@ except ImportError:  # scikit-learn (and scipy with it) comes with requirements.
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrm.config import ConfigError, DataConfig, InputError, compose, error_line, to_config  # noqa: E402
+from dlrm.config import DataConfig, compose, error_line, to_config  # noqa: E402
+from dlrm.errors import ConfigError, InputError  # noqa: E402
 
 # Candidate C values, 10^-3 .. 10^1 in steps of 10^0.5: from "the prior dominates" to "barely regularised".
 DEFAULT_CS = [float(c) for c in np.logspace(-3, 1, 9)]

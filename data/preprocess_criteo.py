@@ -38,8 +38,9 @@ from typing import List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, InputError  # noqa: E402
+from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS  # noqa: E402
 from dlrm.data import preprocess as P  # noqa: E402
+from dlrm.errors import InputError  # noqa: E402
 
 SEED_MAX = 2**32 - 1  # numpy's legacy seeding (np.random.seed) takes 0 .. 2**32 - 1
 # the first argument picks the command; without one of these it converts TSV files (the options --help lists)

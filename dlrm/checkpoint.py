@@ -87,8 +87,9 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader, 
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm import torchrec_compat as compat
-from dlrm.config import CheckpointConfig, Config, ConfigError, InputError
+from dlrm.config import CheckpointConfig, Config
 from dlrm.dist import DistInfo
+from dlrm.errors import ConfigError, InputError
 from dlrm.metrics import MetricWindow
 from dlrm.rundir import StorageError, free_bytes, is_storage_fault, storage_error
 from dlrm.schedule import load_scheduler_state

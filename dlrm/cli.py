@@ -28,8 +28,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dlrm.config import CONF_DIR, InputError, compose, error_line, register_configs
+from dlrm.config import CONF_DIR, compose, error_line, register_configs
 from dlrm.dist import env_int
+from dlrm.errors import InputError
 from dlrm.rundir import LOCK_NAME, probe
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
@@ -162,8 +163,8 @@ register_configs()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     """Hand the composed config to :class:`dlrm.trainer.Trainer` (set up, train, close on every exit path)."""
-    from dlrm.config import InputError, UnsupportedVersionError
     from dlrm.dist import shutdown
+    from dlrm.errors import InputError, UnsupportedVersionError
     from dlrm.loggers import log_error_to_file
 
     try:

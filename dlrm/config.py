@@ -28,6 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from dlrm.errors import ConfigError
+
 # MLPerf Training DLRM-v2 (recommendation_v2/torchrec_dlrm README): per-feature cardinalities of the 26 tables.
 MLPERF_NUM_EMBEDDINGS: List[int] = [
     40000000,
@@ -88,21 +90,6 @@ MLPERF_MULTI_HOT_SIZES: List[int] = [
 ]
 NUM_DENSE_FEATURES = 13  # Criteo: I1..I13
 NUM_SPARSE_FEATURES = 26  # Criteo: C1..C26
-
-
-class InputError(ValueError):
-    """Bad input from the user: a config value, a data file, a plan, a checkpoint. The message names the key, file,
-    row, feature or table, and the fix; the command line prints it as one ``error:`` line and exits with status 2
-    (``dlrm/cli.py``), with no traceback."""
-
-
-class ConfigError(InputError):
-    """A config value is invalid; the message names the key and the fix."""
-
-
-class UnsupportedVersionError(ImportError):
-    """The installed TorchRec is not one the trainer's use of its internals was verified on
-    (:mod:`dlrm.torchrec_compat`); the message names both and the fix."""
 
 
 def _check(cond: bool, key: str, msg: str) -> None:

@@ -16,7 +16,7 @@ from typing import Mapping, Tuple
 import torch
 import torch.distributed as dist
 
-from dlrm.config import ConfigError
+from dlrm.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from dlrm.checkpoint import (
     unreadable_data,
     verify_checkpoint,
 )
-from dlrm.config import InputError, ModelConfig, output_file_problem
+from dlrm.config import ModelConfig, output_file_problem
+from dlrm.errors import InputError
 
 FORMAT = "dlrm-export/1"
 

@@ -69,7 +69,8 @@ from torchrec.distributed.types import ShardedModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm import torchrec_compat as compat
-from dlrm.config import Config, ConfigError
+from dlrm.config import Config
+from dlrm.errors import ConfigError
 from dlrm.model import BatchError
 from dlrm.static_input_dist import VALUE_ROUTED, StaticInputDist
 

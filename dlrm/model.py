@@ -21,7 +21,8 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm import torchrec_compat as compat
-from dlrm.config import NUM_DENSE_FEATURES, ConfigError, InputError, ModelConfig, PerfConfig
+from dlrm.config import NUM_DENSE_FEATURES, ModelConfig, PerfConfig
+from dlrm.errors import ConfigError, InputError
 from dlrm.output_dist import RANK_BLOCKS_ATTR, accepting_rank_blocks
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from dlrm.config import ConfigError, OffloadConfig
+from dlrm.config import OffloadConfig
+from dlrm.errors import ConfigError
 
 KERNELS = {"uvm": EmbeddingComputeKernel.FUSED_UVM.value, "uvm_caching": EmbeddingComputeKernel.FUSED_UVM_CACHING.value}
 ALGORITHMS = {"lru": CacheAlgorithm.LRU, "lfu": CacheAlgorithm.LFU}

@@ -25,7 +25,8 @@ from torchrec.distributed.types import ShardingPlan
 
 from dlrm import torchrec_compat as compat
 from dlrm.comms import AllReduceAfterOutputDist
-from dlrm.config import ConfigError, PerfConfig
+from dlrm.config import PerfConfig
+from dlrm.errors import ConfigError
 from dlrm.model import DLRMTrainAutocast, ZeroCopySparseArch
 from dlrm.output_dist import use_lean_output_dist
 from dlrm.sharding import sharding_types_of

@@ -54,7 +54,8 @@ from torchrec.distributed.train_pipeline import (
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync  # not re-exported in 1.6
 
 from dlrm.comms import input_dist_group, use_group_for_input_dist
-from dlrm.config import ConfigError, PipelineConfig
+from dlrm.config import PipelineConfig
+from dlrm.errors import ConfigError
 from dlrm.graphed import GraphedTrainPipeline
 
 log = logging.getLogger(__name__)

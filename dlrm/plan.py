@@ -40,8 +40,6 @@ from omegaconf.errors import OmegaConfBaseException
 from dlrm import estimate as est
 from dlrm.config import (
     Config,
-    ConfigError,
-    InputError,
     compose,
     error_line,
     output_file_problem,
@@ -49,6 +47,7 @@ from dlrm.config import (
     to_config,
     unknown_key_error,
 )
+from dlrm.errors import ConfigError, InputError
 from dlrm.graphed import check_graphed
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints

@@ -20,7 +20,7 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from dlrm.config import InputError
+from dlrm.errors import InputError
 from dlrm.loggers import apply_resume
 
 FIX = "pass a run directory of train.py (its hydra.run.dir)"

@@ -44,7 +44,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from dlrm.config import ConfigError, InputError
+from dlrm.errors import ConfigError, InputError
 
 LOCK_NAME = "owner.lock"
 SAME_JOB_WAIT_S = 30.0  # how long a restart waits for its previous attempt to let go of the lock

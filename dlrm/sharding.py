@@ -42,8 +42,9 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dlrm.config import InputError, OptimizerConfig, ShardingConfig
+from dlrm.config import OptimizerConfig, ShardingConfig
 from dlrm.dist import DistInfo
+from dlrm.errors import InputError
 from dlrm.torchrec_compat import EnumerableShardingSpec, ShardMetadata
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from torchrec.distributed.types import ShardedModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm import torchrec_compat as compat
-from dlrm.config import ConfigError
+from dlrm.errors import ConfigError
 
 # sharding types whose input dist sends each id to the rank holding its row (bucketized by value)
 VALUE_ROUTED = ("row_wise", "table_row_wise", "grid_shard")

@@ -38,7 +38,7 @@ from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
 from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 from torchrec.distributed.types import ShardedModule
 
-from dlrm.config import UnsupportedVersionError
+from dlrm.errors import UnsupportedVersionError
 
 SUPPORTED_TORCHREC = ("1.6", "1.8")  # major.minor series the private names below were verified on
 

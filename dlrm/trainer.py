@@ -13,7 +13,6 @@ in-training evaluation, per-rank data layout, TorchRec's fused optimizers); ever
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import logging
 import math
@@ -35,20 +34,18 @@ from dlrm.checkpoint import (
     RunFacts,
     TrainState,
     checkpoint_root,
-    choose_checkpoint,
-    planning_inputs,
-    saved_plan,
 )
-from dlrm.config import Config, ConfigError, per_rank_batch, to_config
-from dlrm.dist import DistInfo, init_distributed
+from dlrm.config import Config, to_config
+from dlrm.dist import DistInfo
+from dlrm.errors import ConfigError
 from dlrm.graphed import GraphedTrainPipeline, check_graphed, use_capture_stream
 from dlrm.loggers import MetricsLogger, setup_logging
-from dlrm.metrics import EXACT_AUC_MAX_ROWS, EvalAccumulator, MetricWindow
+from dlrm.metrics import EvalAccumulator, MetricWindow
 from dlrm.mlperf_log import MlperfLogger
 from dlrm.model import FEATURE_NAMES, DLRMTrain, build_model, table_configs
-from dlrm.offload import check_can_train, offload_constraints
+from dlrm.offload import offload_constraints
 from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_device, compile_dense, perf_line
-from dlrm.pipeline import build_pipeline, check_pipeline_device
+from dlrm.pipeline import build_pipeline
 from dlrm.profiling import StepProfiler
 from dlrm.rundir import DirLock, claim_run, is_storage_fault, storage_error
 from dlrm.schedule import lr_at, make_scheduler
@@ -60,6 +57,14 @@ from dlrm.sharding import (
     seed_tables,
     shard,
     sharding_types_of,
+)
+from dlrm.startup import (
+    batching,
+    choose_resume,
+    load_data,
+    planning_config,
+    preflight,
+    run_length,
 )
 from dlrm.traffic import model_traffic, traffic_report
 
@@ -101,6 +106,7 @@ def build_training(
     skip_nonfinite: bool = False,
     hooks: Optional[BuildHooks] = None,
     init_tables: bool = True,
+    checked: bool = False,
 ) -> Built:
     """Model, plan, DMP, perf levers, optimizers, LR schedule and pipeline, exactly as the trainer runs them (the
     step benchmark, ``bench/throughput.py``, times this same stack).
@@ -113,6 +119,8 @@ def build_training(
         hooks: pieces to swap (:class:`BuildHooks`); None: the trainer's own.
         init_tables: give every table its initial weights from ``seed`` alone (:func:`dlrm.sharding.seed_tables`),
             the same for every plan and world size; false when a checkpoint will overwrite them.
+        checked: the caller ran :func:`dlrm.startup.check_device_and_world` already (the trainer's pre-flight
+            does); false: the perf and ``pipeline=graphed`` device checks run here.
 
     Raises:
         ConfigError: a ``perf.*`` setting this device cannot run.
@@ -120,8 +128,9 @@ def build_training(
     """
     hooks = hooks or BuildHooks()
     perf = cfg.perf
-    check_perf_device(perf, info.device)
-    check_graphed(cfg, info.world_size, info.device)
+    if not checked:  # the checks the stack's own build needs (the trainer's pre-flight runs them and more)
+        check_perf_device(perf, info.device)
+        check_graphed(cfg, info.world_size, info.device)
     apply_device_settings(perf, info.device)
     if cfg.pipeline.name == "graphed":
         use_capture_stream(info.device)  # before DDP binds the gradients' accumulation to the current stream
@@ -161,10 +170,24 @@ def build_training(
     dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     scheduler = make_scheduler(optimizer, cfg.optimizer)
+    _check_planned(cfg, info, plan)
     # pipeline: semi_sync steps the dense optimizer only (the tables' fused optimizer runs in the TBE backward;
     # its step only hands a changed rate to the TBE, and Config refuses a schedule with semi_sync)
-    # data_parallel tables are stepped by the dense optimizer, which the graph replaces by element-wise Adagrad
+    pipeline = build_pipeline(
+        dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device, cfg.pipeline, dense=dense
+    )
+    return Built(model, dmp, plan, optimizer, scheduler, pipeline, perf_setup, dense)
+
+
+def _check_planned(cfg: Config, info: DistInfo, plan: ShardingPlan) -> None:
+    """The ``pipeline=graphed`` rules that depend on the planner's choice of sharding types.
+
+    Raises:
+        ConfigError: a sharding type the graph cannot run on this world, or data_parallel tables with an
+            optimizer other than Adagrad (the graph steps them with element-wise Adagrad).
+    """
     check_graphed(cfg, info.world_size, info.device, sharding_types_of(plan))  # the planner's choice too
+    # data_parallel tables are stepped by the dense optimizer, which the graph replaces by element-wise Adagrad
     dp_tables = "data_parallel" in sharding_types_of(plan)
     if cfg.pipeline.name == "graphed" and cfg.optimizer.sparse_type != "adagrad" and dp_tables:
         raise ConfigError(
@@ -172,10 +195,6 @@ def build_training(
             f"only, but optimizer.sparse_type={cfg.optimizer.sparse_type}; use optimizer.sparse_type=adagrad, a "
             "plan without data_parallel tables, or pipeline=sparse_dist"
         )
-    pipeline = build_pipeline(
-        dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device, cfg.pipeline, dense=dense
-    )
-    return Built(model, dmp, plan, optimizer, scheduler, pipeline, perf_setup, dense)
 
 
 class Trainer:
@@ -223,6 +242,7 @@ class Trainer:
         """Prepare the run (collective: every rank calls it): join the process group, load the splits, choose and
         verify the checkpoint to resume from, plan and shard the model, build the optimizers, schedule and
         pipeline, restore the checkpoint if there is one, then write ``config.yaml`` and ``plan.json`` (rank 0).
+        The phases before the build are in :mod:`dlrm.startup`.
 
         Raises:
             ConfigError: a launch environment that cannot work (``WORLD_SIZE`` > 1 without ``MASTER_ADDR``, more
@@ -243,11 +263,53 @@ class Trainer:
         line and exits with status 2 (``dlrm/cli.py``).
         """
         cfg = self.cfg
-        self.info = info = init_distributed(cfg.device)
-        check_can_train(cfg.offload, info.device)  # before loading data: offload needs CUDA
-        check_perf_device(cfg.perf, info.device)  # and bf16 TBE kernels too
-        check_pipeline_device(cfg.pipeline, info.device)  # and the stream-based pipelines
-        check_graphed(cfg, info.world_size, info.device)
+        self.info = info = preflight(cfg)
+        self._open_run_dir()
+        resolved = (
+            OmegaConf.to_container(self.raw_cfg, resolve=True)
+            if isinstance(self.raw_cfg, DictConfig)
+            else OmegaConf.to_container(OmegaConf.structured(cfg))
+        )
+        b = batching(cfg, info.world_size)
+        self.batch_size, self.global_batch, self.eval_batch_size = b.batch_size, b.global_batch, b.eval_batch_size
+        resume_from = choose_resume(cfg, self.run_dir, info)
+        torch.manual_seed(cfg.seed)
+        t0 = time.perf_counter()
+        d = load_data(cfg, info.device)
+        self.train_split, self.val_split, self.test_split = d.train, d.val, d.test
+        self.multi_hot, self.device_data_bytes = d.multi_hot, d.device_bytes
+        n = run_length(cfg, len(d.train), len(d.val), b.global_batch, info.world_size)
+        self.steps_per_epoch, self.total_steps, self.eval_every = n.steps_per_epoch, n.total_steps, n.eval_every
+        self.auc_method = n.auc_method
+        log.info(
+            "data %s: %d train, %d val, %s test rows (%.1fs); %s ids per sample; AUC method %s",
+            cfg.data.name,
+            len(d.train),
+            len(d.val),
+            len(d.test) if d.test is not None else "no",
+            time.perf_counter() - t0,
+            sum(cfg.model.multi_hot_sizes) if d.multi_hot else len(FEATURE_NAMES),
+            n.auc_method,
+        )
+        self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
+        build_cfg = planning_config(cfg, info, d.device_bytes, resume_from, b.global_batch)
+        built = build_training(
+            build_cfg, info, b.batch_size, self.skip_nonfinite, init_tables=resume_from is None, checked=True
+        )
+        self.model, self.plan, self.optimizer = built.model, built.plan, built.optimizer
+        self.scheduler, self.pipeline = built.scheduler, built.pipeline
+        self._log_build(built)
+        self._open_metrics(resolved)
+        self._resume(resume_from)
+        self._write_run_files(resolved)
+        if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
+            self._compile_eval_step()
+
+    def _open_run_dir(self) -> None:
+        """Own the run directory (the owner lock is taken before anything of it is read, removed or written), make
+        it and the sinks' directories, start the log files and the MLPerf log (``init_start``)."""
+        cfg, info = self.cfg, self.info
+        assert info is not None
         self.run_dir = self._agree_run_dir(self.run_dir)
         self._claim_dirs()  # before anything of the run directory is read, removed or written
         if info.is_main:
@@ -272,125 +334,12 @@ class Trainer:
                 log.log(*lock.notice)
         self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
         self.mlperf.init_start()
-        resolved = (
-            OmegaConf.to_container(self.raw_cfg, resolve=True)
-            if isinstance(self.raw_cfg, DictConfig)
-            else OmegaConf.to_container(OmegaConf.structured(cfg))
-        )
 
-        self.batch_size = per_rank_batch(cfg.data, info.world_size)
-        self.global_batch = self.batch_size * info.world_size
-        self.eval_batch_size = cfg.eval.batch_size or self.batch_size
-
-        # the checkpoint to resume from is chosen (and verified) before the data is read (a wrong path is reported
-        # at once, not after loading it) and before planning: its saved plan is reused when this job has the layout
-        # it was planned for, and its tables replace the initial ones
-        root = checkpoint_root(cfg.checkpoint, self.run_dir)
-        if os.path.exists(root) and not os.path.isdir(root):  # else the first save would fail after training
-            raise ConfigError(f"config key `checkpoint.dir`: {root} is a file; give a directory")
-        resume_from = choose_checkpoint(cfg.checkpoint, root, info)
-        plan_path = cfg.sharding.plan_path
-        if plan_path and not os.path.isfile(plan_path):  # read after the data; its contents are checked there
-            what = "is a directory" if os.path.isdir(plan_path) else f"does not exist (cwd {os.getcwd()})"
-            raise ConfigError(
-                f"config key `sharding.plan_path`: {plan_path} {what}; give a plan.json written by python -m "
-                "dlrm.plan or a run's <run_dir>/plan.json"
-            )
-        torch.manual_seed(cfg.seed)
-        t0 = time.perf_counter()
-        self.train_split, self.val_split, self.test_split = data_mod.load_splits(cfg.data, cfg.model, cfg.seed)
-        self.multi_hot = data_mod.make_multi_hot(cfg.data, cfg.model)
-        where = data_mod.assemble_on(cfg.data, info.device)
-        self.device_data_bytes = 0
-        if where.type != "cpu":  # the host then only slices indices; the KJT is built on the device
-            self.train_split, self.val_split = self.train_split.to(where), self.val_split.to(where)
-            self.test_split = self.test_split.to(where) if self.test_split is not None else None
-            if self.multi_hot is not None:
-                self.multi_hot = self.multi_hot.to(where)
-            torch.cuda.synchronize(where)  # the pipeline reads them on its own streams
-            self.device_data_bytes = sum(
-                s.dense.nbytes + s.ids.nbytes + s.labels.nbytes
-                for s in (self.train_split, self.val_split, self.test_split)
-                if s is not None
-            ) + (self.multi_hot.nbytes() if self.multi_hot is not None else 0)
-            log.info(
-                "batches are assembled on %s from the splits and expansion tables kept there (%.2f GB, left "
-                "out of the planner's HBM)",
-                where,
-                self.device_data_bytes / 1e9,
-            )
-        elif cfg.data.name == "criteo_binary" and self.multi_hot is not None:
-            on = data_mod.expand_on(cfg.data, info.device)
-            if on is not None:
-                self.multi_hot = self.multi_hot.to(on)  # type: ignore[attr-defined]
-                if on.type != "cpu":
-                    self.device_data_bytes = self.multi_hot.device_nbytes()  # type: ignore[attr-defined]
-            if self.device_data_bytes:
-                log.info(
-                    "on-the-fly multi-hot expanded on %s from expansion tables kept there (%.2f GB, left out of the "
-                    "planner's HBM)",
-                    info.device,
-                    self.device_data_bytes / 1e9,
-                )
-        self.steps_per_epoch = data_mod.steps_per_epoch(len(self.train_split), self.global_batch, info.world_size)
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"config key `data.train_path` / `data.num_train_samples`: the training split has "
-                f"{len(self.train_split)} rows, fewer than the world size ({info.world_size}); give more rows"
-            )
-        total = self.steps_per_epoch * cfg.trainer.epochs
-        self.total_steps = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
-        last = cfg.profile_wait_steps + 1 + cfg.profile_steps  # StepProfiler records steps wait + 2 .. last
-        if cfg.profile and self.total_steps < last:
-            raise ConfigError(
-                f"config key `profile_steps`: profile=true records steps {cfg.profile_wait_steps + 2}-{last}, but this "
-                f"run trains {self.total_steps}; lower profile_wait_steps / profile_steps, or train longer"
-            )
-        ev = cfg.eval
-        # per_epoch: the MLPerf reference's floor(rows / (global batch * per_epoch)), not from the rounded-up epoch
-        per = max(1, len(self.train_split) // (self.global_batch * ev.per_epoch)) if ev.per_epoch else 0
-        self.eval_every = ev.every_n_steps or per
-        n_eval = len(self.val_split)
-        self.auc_method = (
-            ev.auc_method if ev.auc_method != "auto" else ("exact" if n_eval <= EXACT_AUC_MAX_ROWS else "histogram")
-        )
-        log.info(
-            "data %s: %d train, %d val, %s test rows (%.1fs); %s ids per sample; AUC method %s",
-            cfg.data.name,
-            len(self.train_split),
-            n_eval,
-            len(self.test_split) if self.test_split is not None else "no",
-            time.perf_counter() - t0,
-            sum(cfg.model.multi_hot_sizes) if self.multi_hot else len(FEATURE_NAMES),
-            self.auc_method,
-        )
-
-        self.skip_nonfinite = cfg.trainer.on_nonfinite == "skip_batch"
-        build_cfg = cfg
-        if self.device_data_bytes:  # the planner may use what the data on the device leaves of its HBM
-            hbm = cfg.sharding.hbm_cap_gb or torch.cuda.get_device_properties(info.device).total_memory / 2**30
-            if self.device_data_bytes / 2**30 >= hbm:
-                raise ConfigError(
-                    f"config key `data.assemble_on_device` / `data.multi_hot_on_device`: the data kept on "
-                    f"{info.device} ({self.device_data_bytes / 2**30:.1f} GiB) fills its {hbm:.1f} GiB of HBM before "
-                    "any table; set both to false to keep the data in host memory"
-                )
-            build_cfg = dataclasses.replace(
-                cfg, sharding=dataclasses.replace(cfg.sharding, hbm_cap_gb=hbm - self.device_data_bytes / 2**30)
-            )
-        if resume_from is not None and cfg.sharding.plan_path is None:
-            plan_path = saved_plan(resume_from, info, planning_inputs(cfg, self.global_batch))
-            if plan_path is not None:
-                build_cfg = dataclasses.replace(
-                    build_cfg, sharding=dataclasses.replace(build_cfg.sharding, plan_path=plan_path)
-                )
-        built = build_training(build_cfg, info, self.batch_size, self.skip_nonfinite, init_tables=resume_from is None)
-        model = built.unsharded
-        self.model, self.plan, self.optimizer = built.model, built.plan, built.optimizer
-        self.scheduler, self.pipeline = built.scheduler, built.pipeline
-        opt = cfg.optimizer
-
-        n_params = sum(p.numel() for p in model.parameters())
+    def _log_build(self, built: Built) -> None:
+        """Log the model, the perf levers, the plan and its traffic (rank 0), and the batch and run length."""
+        cfg, info = self.cfg, self.info
+        assert info is not None
+        n_params = sum(p.numel() for p in built.unsharded.parameters())
         log.info(
             "model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
             cfg.model.name,
@@ -407,7 +356,7 @@ class Trainer:
             traffic = model_traffic(
                 cfg,
                 self.plan,
-                model,
+                built.unsharded,
                 world_size=info.world_size,
                 local_world_size=info.local_world_size,
                 batch_size=self.batch_size,
@@ -422,6 +371,11 @@ class Trainer:
             self.eval_every or "(end only)",
             self.run_dir,
         )
+
+    def _open_metrics(self, resolved: Any) -> None:
+        """Start ``metrics.jsonl`` and the other metric sinks; log the MLPerf hyperparameters."""
+        cfg, info, opt = self.cfg, self.info, self.cfg.optimizer
+        assert info is not None
         self.metrics = MetricsLogger(self.run_dir, info.is_main, cfg.logger, self.total_steps, resolved)
         self.mlperf.hyperparameters(
             global_batch=self.global_batch,
@@ -432,10 +386,20 @@ class Trainer:
             decay_start=opt.decay_start_step,
             decay_steps=opt.decay_steps,
             train_samples=len(self.train_split),
-            eval_samples=n_eval,
+            eval_samples=len(self.val_split),
             sparse_lr=opt.sparse_lr,
         )
-        # checkpoint: restore model, optimizers, schedule, step, RNG and the metric window (dlrm/checkpoint.py)
+
+    def _resume(self, resume_from: Optional[str]) -> None:
+        """Make the :class:`~dlrm.checkpoint.Checkpointer` and restore model, optimizers, schedule, step, RNG and
+        the metric window from ``resume_from`` (None: a fresh run); warn when the checkpoint leaves nothing to
+        train (the run's last step, or the step where it reached ``eval.target_auc``).
+
+        Raises:
+            CheckpointError: the checkpoint is damaged or does not match this run (:meth:`Checkpointer.resume`).
+        """
+        cfg, info = self.cfg, self.info
+        assert info is not None and self.metrics is not None
         self.state.window = MetricWindow(info.device)
         self.ckpt = Checkpointer(
             cfg.checkpoint,
@@ -446,41 +410,51 @@ class Trainer:
             self.scheduler,
             RunFacts(self.global_batch, self.steps_per_epoch, self.total_steps, self.model.plan_info, cfg),
         )
-        if self.ckpt.resume(self.state, resume_from):
-            self.metrics.advance(self.step)
-            self.metrics.resumed(self.step, resume_from)  # the steps after it that metrics.jsonl holds are replayed
-            if self.step >= self.total_steps:  # a relaunch of a finished run: nothing to train, and say so
-                log.warning(
-                    "checkpoint %s is at step %d, which is already this run's last (%d: trainer.max_steps / "
-                    "trainer.epochs): nothing left to train; raise trainer.max_steps (or trainer.epochs) to go on",
-                    resume_from,
-                    self.step,
-                    self.total_steps,
-                )
-            reached, target = self.state.target_auc_reached, cfg.eval.target_auc
-            if self.step < self.total_steps and reached is not None and target is not None and reached >= target:
-                self.target_met_before = True  # a relaunch of a run that stopped at its target: the same
-                log.warning(
-                    "checkpoint %s is at step %d, where this run reached eval.target_auc=%s (validation AUC %.5f): "
-                    "nothing left to train; raise eval.target_auc (or set it to null) to go on",
-                    resume_from,
-                    self.step,
-                    target,
-                    reached,
-                )
-        if info.is_main:  # only once the resume checks passed: a refused relaunch leaves the run's files as they were
-            path = os.path.join(self.run_dir, "config.yaml")
-            try:
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(OmegaConf.to_yaml(resolved))
-                path = os.path.join(self.run_dir, "plan.json")
-                save_plan(self.model.plan_info, path)
-            except OSError as e:
-                if not is_storage_fault(e):
-                    raise
-                raise storage_error(path, e, None, "free space there, or give hydra.run.dir on a larger disk") from None
-        if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
-            self._compile_eval_step()
+        if not self.ckpt.resume(self.state, resume_from):
+            return
+        self.metrics.advance(self.step)
+        self.metrics.resumed(self.step, resume_from)  # the steps after it that metrics.jsonl holds are replayed
+        if self.step >= self.total_steps:  # a relaunch of a finished run: nothing to train, and say so
+            log.warning(
+                "checkpoint %s is at step %d, which is already this run's last (%d: trainer.max_steps / "
+                "trainer.epochs): nothing left to train; raise trainer.max_steps (or trainer.epochs) to go on",
+                resume_from,
+                self.step,
+                self.total_steps,
+            )
+        reached, target = self.state.target_auc_reached, cfg.eval.target_auc
+        if self.step < self.total_steps and reached is not None and target is not None and reached >= target:
+            self.target_met_before = True  # a relaunch of a run that stopped at its target: the same
+            log.warning(
+                "checkpoint %s is at step %d, where this run reached eval.target_auc=%s (validation AUC %.5f): "
+                "nothing left to train; raise eval.target_auc (or set it to null) to go on",
+                resume_from,
+                self.step,
+                target,
+                reached,
+            )
+
+    def _write_run_files(self, resolved: Any) -> None:
+        """Write ``config.yaml`` and ``plan.json`` (rank 0), only once the resume checks passed: a refused relaunch
+        leaves the run's files as they were.
+
+        Raises:
+            dlrm.rundir.StorageError: a file cannot be written for want of space.
+        """
+        info = self.info
+        assert info is not None
+        if not info.is_main:
+            return
+        path = os.path.join(self.run_dir, "config.yaml")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(OmegaConf.to_yaml(resolved))
+            path = os.path.join(self.run_dir, "plan.json")
+            save_plan(self.model.plan_info, path)
+        except OSError as e:
+            if not is_storage_fault(e):
+                raise
+            raise storage_error(path, e, None, "free space there, or give hydra.run.dir on a larger disk") from None
 
     @torch.no_grad()
     def _compile_eval_step(self) -> None:

@@ -13,12 +13,13 @@ import torch
 import dlrm.data as D
 from conftest import REPO, run_gloo
 from dlrm import traffic
-from dlrm.config import DataConfig, InputError, ModelConfig, compose, to_config
+from dlrm.config import DataConfig, ModelConfig, compose, to_config
 from dlrm.data import binary as B
 from dlrm.data import binary_format as BF
 from dlrm.data import multihot as MH
 from dlrm.data import preprocess as P
 from dlrm.data.prefetch import Prefetcher
+from dlrm.errors import InputError
 from dlrm.model import FEATURE_NAMES
 
 ROWS = [50, 7, 300, 3, 1000, 3, 20, 11, 63, 50, 90, 40, 10, 22, 19, 155, 4, 97, 14, 50, 400, 50, 59, 13, 108, 36]
@@ -456,7 +457,7 @@ def test_prefetcher_forwards_errors_and_stops() -> None:
 def test_config_keys() -> None:
     cfg = to_config(compose(["data=criteo_binary", "data.dataset_dir=/x"]))
     assert (cfg.data.name, cfg.data.multi_hot_source, cfg.data.prefetch) == ("criteo_binary", "auto", 2)
-    from dlrm.config import ConfigError
+    from dlrm.errors import ConfigError
 
     with pytest.raises(ConfigError, match="config key `data.dataset_dir`: data=criteo_binary needs"):
         to_config(compose(["data=criteo_binary"]))

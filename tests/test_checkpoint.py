@@ -752,8 +752,9 @@ def test_resuming_an_older_checkpoint_of_the_same_directory_is_refused(two_check
     """Saves beside step_8 of the abandoned run would be pruned against it and ``resume=auto`` would take it; in
     another ``checkpoint.dir`` the same checkpoint resumes."""
     from dlrm.checkpoint import choose_checkpoint
-    from dlrm.config import CheckpointConfig, ConfigError
+    from dlrm.config import CheckpointConfig
     from dlrm.dist import DistInfo
+    from dlrm.errors import ConfigError
 
     root = two_checkpoints / "checkpoints"
     info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
@@ -808,7 +809,7 @@ def _run_facts(meta: dict, **data: object):
 )
 def test_resume_refuses_other_data_settings(two_checkpoints: Path, change: dict, line: str) -> None:
     from dlrm.checkpoint import check_resume, read_meta
-    from dlrm.config import ConfigError
+    from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
     meta = read_meta(ck)
@@ -821,7 +822,7 @@ def test_resume_refuses_other_data_settings(two_checkpoints: Path, change: dict,
 
 def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Path) -> None:
     from dlrm.checkpoint import check_resume, read_meta
-    from dlrm.config import ConfigError
+    from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
     meta = read_meta(ck)
@@ -850,7 +851,7 @@ def test_resume_refuses_another_table_optimizer(two_checkpoints: Path) -> None:
     """Element-wise and row-wise Adagrad keep differently shaped state: resuming across them would restart the
     tables' optimizer silently."""
     from dlrm.checkpoint import check_resume, read_meta
-    from dlrm.config import ConfigError
+    from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
     meta = read_meta(ck)

@@ -11,12 +11,11 @@ from hydra.errors import ConfigCompositionException
 from dlrm.config import (
     MLPERF_MULTI_HOT_SIZES,
     MLPERF_NUM_EMBEDDINGS,
-    ConfigError,
     DataConfig,
-    InputError,
     compose,
     to_config,
 )
+from dlrm.errors import ConfigError, InputError
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())

@@ -8,7 +8,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from dlrm import data as D
-from dlrm.config import DataConfig, InputError, ModelConfig
+from dlrm.config import DataConfig, ModelConfig
+from dlrm.errors import InputError
 from dlrm.model import FEATURE_NAMES
 
 
@@ -31,7 +32,7 @@ def test_multi_hot_follows_the_mlperf_reference_procedure() -> None:
 
 def test_multi_hot_refuses_huge_tables_with_a_fix() -> None:
     """The tables are int32 ``[rows, size]``: 50 M x 100 x 4 bytes = 18.6 GiB; a table of size 1 needs none."""
-    from dlrm.config import ConfigError
+    from dlrm.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         D.MultiHot([50_000_000, 10**9], [100, 1])

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from conftest import run_gloo
-from dlrm.config import ConfigError, compose, to_config
+from dlrm.config import compose, to_config
+from dlrm.errors import ConfigError
 
 BATCH = 32
 STEPS = 9  # 2 warm-up, the rehearsal, 5 captured or held-input-dist steps, then a partial batch
@@ -189,8 +190,8 @@ def _nccl_compare(rank: int, world: int, cases: List[Tuple[str, str]]) -> List[s
 def _static_input_dist(rank: int, world: int, cases: List[Tuple[str, Tuple[str, ...]]]) -> Dict[str, Any]:
     from torchrec.distributed.types import ShardedModule
 
-    from dlrm.config import ConfigError
     from dlrm.dist import init_distributed
+    from dlrm.errors import ConfigError
     from dlrm.static_input_dist import StaticInputDist
     from dlrm.trainer import build_training
 

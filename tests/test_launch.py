@@ -21,7 +21,7 @@ import yaml
 from conftest import REPO, output_lines
 from dlrm import cli
 from dlrm.cli import _NAME_OK, job_name, run_dir_overrides
-from dlrm.config import InputError
+from dlrm.errors import InputError
 from launch.components import RUN_NAME_RE, trainer
 
 BIN = Path(sys.executable).parent

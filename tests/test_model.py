@@ -325,7 +325,7 @@ def tiny_model():
 
 @pytest.mark.parametrize("case", list(BAD_BATCHES))
 def test_bad_batch_names_what_is_wrong(tiny_model, case: str) -> None:
-    from dlrm.config import InputError
+    from dlrm.errors import InputError
     from dlrm.model import BatchError
 
     make, expected = BAD_BATCHES[case]

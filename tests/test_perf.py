@@ -24,8 +24,9 @@ from torchrec.distributed.model_parallel import get_module
 
 from conftest import CUDA_SMALL_RUN, REPO, run_gloo
 from dlrm import torchrec_compat as compat
-from dlrm.config import ConfigError, compose, to_config
+from dlrm.config import compose, to_config
 from dlrm.dist import DistInfo
+from dlrm.errors import ConfigError
 from dlrm.model import FEATURE_NAMES, build_model
 from dlrm.sharding import PlanError, _state_bytes_per_row, fuse_embedding_optimizer, plan_model, save_plan, tables_of
 

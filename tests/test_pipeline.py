@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from conftest import CUDA_SMALL_RUN, REPO, run_gloo
-from dlrm.config import ConfigError, ModelConfig, OffloadConfig, PipelineConfig, compose, to_config
+from dlrm.config import ModelConfig, OffloadConfig, PipelineConfig, compose, to_config
+from dlrm.errors import ConfigError
 
 SHARDING_TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise"]
 BATCH = 16

@@ -559,7 +559,7 @@ def test_bad_link_rate_is_one_error_line(args: List[str], capsys: pytest.Capture
     ],
 )
 def test_bad_sharding_config_names_the_key(overrides: List[str], match: str) -> None:
-    from dlrm.config import ConfigError
+    from dlrm.errors import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         to_config(compose(overrides))

@@ -154,7 +154,8 @@ def test_a_restart_of_the_same_job_resumes_as_its_owner(tmp_path: Path) -> None:
 
 
 def _setup_in_held_dir(rank: int, world: int, run_dir: str) -> str:
-    from dlrm.config import ConfigError, compose
+    from dlrm.config import compose
+    from dlrm.errors import ConfigError
     from dlrm.trainer import Trainer
 
     t = Trainer(compose(["data.num_train_samples=256", "data.num_val_samples=128"]), run_dir)

@@ -46,7 +46,7 @@ def test_scheduler_drives_every_param_group_with_its_own_base() -> None:
 
 
 def test_decay_inside_warmup_is_refused() -> None:
-    from dlrm.config import ConfigError
+    from dlrm.errors import ConfigError
 
     with pytest.raises(ConfigError, match="optimizer.decay_start_step"):
         OptimizerConfig(warmup_steps=10, decay_start_step=5, decay_steps=5)

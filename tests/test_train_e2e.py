@@ -262,7 +262,8 @@ def test_a_refused_relaunch_leaves_the_run_as_it_was(tmp_path: Path) -> None:
     beside the earlier run's, and ``keep_last`` would prune them first), and so is another model; either way the
     run's checkpoints, ``config.yaml`` and ``plan.json`` stay as they were. A ``checkpoint.dir`` that is a file is
     refused before training."""
-    from dlrm.config import ConfigError, InputError, compose
+    from dlrm.config import compose
+    from dlrm.errors import ConfigError, InputError
     from dlrm.trainer import Trainer
 
     base = [
@@ -311,7 +312,8 @@ def test_a_refused_relaunch_leaves_the_run_as_it_was(tmp_path: Path) -> None:
 def test_sink_directories_are_made_at_start_or_refused(tmp_path: Path) -> None:
     """An mlperf.log in a subdirectory of the run gets that directory; a tensorboard directory that cannot be made
     stops set-up before planning, naming its key."""
-    from dlrm.config import ConfigError, compose
+    from dlrm.config import compose
+    from dlrm.errors import ConfigError
     from dlrm.trainer import Trainer
 
     (tmp_path / "afile").write_text("")

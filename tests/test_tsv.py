@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import KAGGLE_SAMPLE, REPO, TB_SAMPLE, needs_kaggle, needs_tb
-from dlrm.config import InputError
 from dlrm.data.criteo_tsv import TsvFormatError, hash_to_rows, read_tsv
+from dlrm.errors import InputError
 
 
 def _line(label="0", ints=None, cats=None) -> str:

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlrm.config import InputError
+from dlrm.errors import InputError
 
 FORMAT = "dlrm-criteo-binary"
 VERSION = 1

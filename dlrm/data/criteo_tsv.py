@@ -34,8 +34,9 @@ from typing import IO, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from dlrm.config import ConfigError, DataConfig, InputError
+from dlrm.config import DataConfig
 from dlrm.data.in_memory import Split
+from dlrm.errors import ConfigError, InputError
 
 NUM_INT = 13
 NUM_CAT = 26

@@ -15,10 +15,10 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.config import ConfigError
 from dlrm.data.layout import eval_spans
 from dlrm.data.multihot import build_tables
 from dlrm.data.source import EvalRequest, TrainRequest
+from dlrm.errors import ConfigError
 
 # Expansion tables above this size are refused with a fix (model.row_cap or data.multi_hot=false): they are int32
 # ``[rows, size]`` per table of size > 1: 16.0 GB (14.9 GiB) for the 40 M-row table of size 100.

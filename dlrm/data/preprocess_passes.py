@@ -23,7 +23,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from dlrm.config import InputError
 from dlrm.data import binary_format as fmt
 from dlrm.data import multihot as mh_mod
 from dlrm.data.criteo_tsv import (
@@ -35,6 +34,7 @@ from dlrm.data.criteo_tsv import (
     open_input,
     parse_line,
 )
+from dlrm.errors import InputError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
