@@ -243,7 +243,9 @@ def test_target_auc_counts_the_histogram_bound(
     the target: at the first validation with bound 0.005, never with 0.02."""
     from dlrm.metrics import EvalAccumulator
 
-    fixed = dict(auc=0.81, auc_bound=bound, logloss=0.5, ne=0.9, accuracy=0.75, calibration=1.0, ctr=0.25)
+    fixed = dict(
+        auc=0.81, auc_undefined=None, auc_bound=bound, logloss=0.5, ne=0.9, accuracy=0.75, calibration=1.0, ctr=0.25
+    )
     monkeypatch.setattr(EvalAccumulator, "compute", lambda self: {**fixed, "samples": 256})
     t = _fit_in_process(tmp_path, "eval.every_n_steps=2", "eval.target_auc=0.8", rows=768)
     assert t.step == stop and [r["val_auc_bound"] for r in t.history if "val_auc" in r] == [bound] * (stop // 2)

@@ -314,7 +314,7 @@ def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
     existing directory leaves it as it was."""
     d = tmp_path / "new"
     p = _train(d, "data.batch_size=-3")
-    assert (p.returncode, p.stderr) == (2, "error: config key `data.batch_size`: must be positive\n")
+    assert (p.returncode, p.stderr) == (2, "error: config key `data.batch_size`: must be positive or null\n")
     assert not d.exists()
     kept = tmp_path / "kept"
     kept.mkdir()
