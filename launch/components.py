@@ -39,7 +39,8 @@ OUTPUTS_DST = "/outputs"
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-# Per GPU when --cpu / --memMB are not given: the README's Kubernetes MLPerf example (96 CPUs and 1,000,000 MB for
+# Per GPU when --cpu / --memMB are not given (torchx parses Optional[int] arguments as strings, so 0 stands for
+# "not given"): the README's Kubernetes MLPerf example (96 CPUs and 1,000,000 MB for
 # an 8-GPU node), so that the Slurm command beside it gets a GPU node's resources, not a CPU job's 2 CPUs and 8 GB.
 CPU_PER_GPU = 12
 MEM_MB_PER_GPU = 125_000
@@ -60,8 +61,8 @@ def trainer(
     j: str = "1x2",
     image: str = "dlrm-v2:latest",
     gpu: int = 0,
-    cpu: Optional[int] = None,
-    memMB: Optional[int] = None,
+    cpu: int = 0,
+    memMB: int = 0,
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     nccl_debug: str = "WARN",
@@ -82,8 +83,8 @@ def trainer(
         image: Docker image for local_docker / kubernetes (built from this repo's Dockerfile); local_cwd runs
             in the current directory and ignores it.
         gpu: GPUs per node (0 on CPU-only machines: gloo instead of NCCL).
-        cpu: CPUs per node (default: 2 for a CPU job, :data:`CPU_PER_GPU` per GPU).
-        memMB: host memory per node, MB (default: 8192 for a CPU job, :data:`MEM_MB_PER_GPU` per GPU).
+        cpu: CPUs per node (0, the default: 2 for a CPU job, :data:`CPU_PER_GPU` per GPU).
+        memMB: host memory per node, MB (0, the default: 8192 for a CPU job, :data:`MEM_MB_PER_GPU` per GPU).
         h: a torchx named resource (e.g. ``aws_p5.48xlarge``); overrides cpu, gpu and memMB.
         env: extra environment variables, merged over the defaults (``NCCL_NVLS_ENABLE=0``, ``PYTHONUNBUFFERED=1``,
             ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, and ``NCCL_DEBUG`` from ``nccl_debug``).
@@ -118,9 +119,9 @@ def trainer(
             f"-j {j} runs {nproc} processes per node but --gpu {gpu} gives each node {gpu} GPUs; run at most one "
             f"process per GPU (-j ...x{gpu}) or ask for --gpu {nproc}"
         )
-    if cpu is None:
+    if cpu <= 0:
         cpu = CPU_PER_GPU * gpu if gpu else 2
-    if memMB is None:
+    if memMB <= 0:
         memMB = MEM_MB_PER_GPU * gpu if gpu else 8192
     job_env: Dict[str, str] = dict(DEFAULT_ENV)
     if nccl_debug:

@@ -367,6 +367,17 @@ def test_component_sizes_a_gpu_node_unless_told() -> None:
         for j, g, kw in (("2x8", 8, {}), ("1x2", 0, {}), ("1x8", 8, {"cpu": 4}))
     ]
     assert [(r.cpu, r.memMB) for r in res] == [(96, 1_000_000), (2, 8192), (4, 1_000_000)]
+    # as torchx's command line passes them (it parses the component's arguments by their annotations)
+    p = subprocess.run(
+        [str(BIN / "torchx"), "run", "--dryrun", "-s", "local_cwd", "launch/components.py:trainer"]
+        + ["-j", "1x1", "--cpu", "4", "--memMB", "4096"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0 and "'cpu': 4," in p.stdout and "'memMB': 4096}" in p.stdout, p.stdout + p.stderr
 
 
 def test_component_accepts_one_process_per_gpu_or_a_cpu_job() -> None:
