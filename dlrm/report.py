@@ -5,9 +5,10 @@
 Draws one PNG with six panels, every run overlaid: training loss, validation AUC, validation logloss and
 windowed training AUC against samples seen, throughput (samples/s, all ranks) and learning rate. Prints a
 table: steps, samples, final and best validation AUC, test AUC, median samples/s, wall time (over every segment of
-a run resumed after a stop; the steps a resumed run replayed count once). Without
-``--out`` the PNG goes to ``<first run dir>/report.png``. A path that is not a run directory, or a damaged
-``metrics.jsonl``: one ``error:`` line naming it, exit status 2, before anything is drawn.
+a run resumed after a stop; the steps a resumed run replayed count once), then, for two runs or more, the config
+keys whose values differ between them (from each run's ``config.yaml``). Without ``--out`` the PNG goes to
+``<first run dir>/report.png``. A path that is not a run directory, or a damaged ``metrics.jsonl``: one ``error:``
+line naming it, exit status 2, before anything is drawn.
 """
 
 from __future__ import annotations
@@ -55,6 +56,40 @@ def load_run(run_dir: str) -> List[Dict[str, Any]]:
                 )
             out = apply_resume(out, rec)
     return out
+
+
+def flat_config(run_dir: str) -> Optional[Dict[str, Any]]:
+    """The run's ``config.yaml`` (what train.py resolved) as ``{"section.key": value}``, lists as their text; None
+    where the run has none (a run refused before it trained)."""
+    from omegaconf import OmegaConf
+
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        return None
+    out: Dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out[prefix] = json.dumps(node) if isinstance(node, list) else node
+
+    walk(OmegaConf.to_container(OmegaConf.load(path)), "")
+    return out
+
+
+def config_diff(configs: Dict[str, Optional[Dict[str, Any]]]) -> List[str]:
+    """Lines naming each config key whose value differs between the runs, ``key: run=value, run=value``, sorted by
+    key (a key a run lacks shows as ``-``); a run without ``config.yaml`` is named on a line of its own."""
+    have = {n: c for n, c in configs.items() if c is not None}
+    lines = [f"{n}: no config.yaml to compare" for n, c in configs.items() if c is None]
+    keys = sorted({k for c in have.values() for k in c})
+    for k in keys:
+        vals = [c.get(k, "-") for c in have.values()]
+        if any(v != vals[0] for v in vals):
+            lines.append(f"  {k}: " + ", ".join(f"{n}={v}" for n, v in zip(have, vals)))
+    return lines
 
 
 def _num(v: Any) -> Optional[float]:
@@ -199,6 +234,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     plot(runs, out)
     print(table(runs))
+    if len(runs) > 1:
+        diff = config_diff({name: flat_config(d) for name, d in zip(runs, args.run_dirs)})
+        print("\n".join(["config keys that differ:", *diff]) if diff else "config keys that differ: none")
     print(f"plots: {out}")
     return 0
 

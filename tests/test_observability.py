@@ -307,6 +307,28 @@ def test_report_cli(full_run: Path, tmp_path: Path) -> None:
     final = [r["val_auc"] for r in records(full_run) if "val_auc" in r][-1]
     rows = [line for line in p.stdout.splitlines() if line.startswith("run")]
     assert len(rows) == 3 and f"{final:.4f}" in rows[1]  # header + two runs
+    assert "config keys that differ: none\n" in p.stdout  # the same run twice
+
+
+def test_report_names_the_config_keys_that_differ(tmp_path: Path) -> None:
+    """Two runs' config.yaml: every key whose value differs, with each run's value; a run refused before it wrote
+    one is named."""
+    from dlrm.report import config_diff, flat_config
+
+    for name, lr, sizes in (("a", 0.01, "[64, 32]"), ("b", 0.02, "[64, 16]"), ("c", 0.01, "[64, 32]")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(
+            f"optimizer:\n  lr: {lr}\n  eps: 1.0e-08\nmodel:\n  dense_arch_layer_sizes: {sizes}\n"
+            + ("seed: 1\n" if name == "c" else "")
+        )
+    (tmp_path / "d").mkdir()
+    got = config_diff({n: flat_config(str(tmp_path / n)) for n in "abcd"})
+    assert got == [
+        "d: no config.yaml to compare",
+        "  model.dense_arch_layer_sizes: a=[64, 32], b=[64, 16], c=[64, 32]",
+        "  optimizer.lr: a=0.01, b=0.02, c=0.01",
+        "  seed: a=-, b=-, c=1",
+    ]
 
 
 def test_report_bad_path_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
