@@ -474,9 +474,12 @@ def test_trainer_prints_and_saves_the_plan_and_reuses_it(tmp_path: Path) -> None
         timeout=300,
     )
     assert p1.returncode == 0, p1.stdout + p1.stderr
-    assert "sharding plan (planner) for 1 ranks" in p1.stdout
-    assert "deduplicated): one rank, no collectives." in p1.stdout  # the traffic beside the plan
-    assert "t_cat_0   column_wise" in p1.stdout
+    # stdout: one line; the plan and traffic tables are in train.log
+    assert "sharding plan (planner) for 1 rank: tables 26 column_wise fused; the plan and step-traffic" in p1.stdout
+    assert "t_cat_0   column_wise" not in p1.stdout
+    log = (d1 / "train.log").read_text()
+    assert "deduplicated): one rank, no collectives." in log  # the traffic beside the plan
+    assert "t_cat_0   column_wise" in log
     saved = json.loads((d1 / "plan.json").read_text())
     assert {t["sharding_type"] for t in saved["tables"]} == {"column_wise"}
     assert all(s["sizes"][1] == 8 for t in saved["tables"] for s in t["shards"])
