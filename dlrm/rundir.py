@@ -92,7 +92,7 @@ def _same_job(a: Any, b: Dict[str, str]) -> bool:
 
 
 def describe(rec: Mapping[str, Any]) -> str:
-    """An owner record as ``pid P on host H, started T (job ...)``."""
+    """An owner record as ``pid PID on host HOST, started TIME (job ...)``."""
     job = rec.get("job") or {}
     jobs = ", ".join(f"{k} {v}" for k, v in sorted(job.items())) if isinstance(job, dict) else ""
     return f"pid {rec.get('pid', '?')} on host {rec.get('host', '?')}, started {rec.get('start', '?')}" + (
@@ -265,6 +265,14 @@ def probe(directory: str, key: str, env: Mapping[str, str]) -> None:
         os.close(fd)
 
 
+def _nearest_existing(path: str) -> str:
+    """``path`` made absolute, or its nearest ancestor that exists (a directory the run would create)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and p != os.path.dirname(p):
+        p = os.path.dirname(p)
+    return p
+
+
 def check_writable(path: str, key: str, why: str) -> None:
     """Refuse a directory that this run will write into but cannot: its nearest existing ancestor is read-only
     or not writable by this user (``access(2)``, which also sees a read-only mount). Creates nothing.
@@ -272,9 +280,7 @@ def check_writable(path: str, key: str, why: str) -> None:
     Raises:
         ConfigError: names ``key``, ``path``, the reason and ``why`` (what would have written there).
     """
-    probe_at = os.path.abspath(path)
-    while not os.path.exists(probe_at):
-        probe_at = os.path.dirname(probe_at)
+    probe_at = _nearest_existing(path)
     if not os.path.isdir(probe_at):
         raise ConfigError(f"config key `{key}`: {probe_at} is a file; give a directory")
     if os.access(probe_at, os.W_OK | os.X_OK):
@@ -289,11 +295,8 @@ def check_writable(path: str, key: str, why: str) -> None:
 
 def free_bytes(path: str) -> Optional[int]:
     """Bytes free to this user on the filesystem of ``path`` (or of its nearest existing ancestor)."""
-    p = os.path.abspath(path)
-    while not os.path.exists(p) and p != os.path.dirname(p):
-        p = os.path.dirname(p)
     try:
-        return shutil.disk_usage(p).free
+        return shutil.disk_usage(_nearest_existing(path)).free
     except OSError:
         return None
 
