@@ -22,6 +22,16 @@ bag has a fixed size, so every full batch has the same shapes, and the step can 
    full batch is copied in (ids gathered into the held input dist, dense features, labels) and the graph
    replayed. Batches of another size (an epoch's last, partial batch) train eagerly as in step 1.
 
+A learning-rate schedule (``optimizer.warmup_steps``, ``optimizer.decay_steps``): FBGEMM's TBE backward reads its
+rate on the host when it launches its kernels (``learning_rate_tensor.item()``, passed to the kernels as a float
+argument, and a rate tensor on the device refused: ``codegen/training/backward/embedding_backward_split_template.cu``
+of fbgemm_gpu 1.6.0 to 1.8.0), so a captured graph holds the rate it was captured with; scaling the gradients
+instead is not the same for Adagrad (its accumulator sums the squared gradients). A step whose rates (every param
+group's) differ from the previous step's, a warm-up or decay step, therefore trains eagerly as in step 1; once the
+rates hold for a second step, that step is a rehearsal at them (step 2, compiling the dense step for the new rate)
+and the next full batch is captured anew (the constant rate after a warm-up; the decay's floor
+``optimizer.end_lr``). :attr:`GraphedTrainPipeline.path_steps` counts the steps of each kind.
+
 Several ranks (or one, forced with ``ids_all_to_all=True``): the held input dist cannot be rebuilt by a gather,
 since each rank's ids come from every rank. With fixed bag sizes every full batch sends the same number of ids
 between the same positions, so :class:`dlrm.static_input_dist.StaticInputDist` finds those positions once and
@@ -43,10 +53,10 @@ the host, so the graph gains less than for the step: 9.6-9.8 M samples/s against
 (docs/performance.md).
 
 The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses, tables, dense
-parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks). What a replay cannot
-follow is refused (:func:`check_graphed`): a learning-rate schedule (the graph holds the rates it was captured
-with), offload, a CPU device, and on several ranks input dists that route ids by value (row_wise, table_row_wise,
-grid_shard: how many ids each rank receives changes every batch) and a reduced-precision dense all-reduce. The
+parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks, with a schedule too).
+What a replay cannot follow is refused (:func:`check_graphed`): offload, a CPU device, and on several ranks input
+dists that route ids by value (row_wise, table_row_wise, grid_shard: how many ids each rank receives changes every
+batch) and a reduced-precision dense all-reduce. The
 capture needs the process's current CUDA stream to be a stream of its own, set before the model is built
 (:func:`use_capture_stream`): autograd binds each parameter's gradient accumulation to the stream current when
 DDP first registers it, and the legacy default stream cannot take part in a capture.
@@ -102,8 +112,7 @@ def check_graphed(
             ``sharding.sharding_types`` alone.
 
     Raises:
-        ConfigError: not CUDA; a learning-rate warm-up or decay (``optimizer.warmup_steps``,
-            ``optimizer.decay_steps``); ``offload`` other than ``none``; data_parallel tables (the compiled dense
+        ConfigError: not CUDA; ``offload`` other than ``none``; data_parallel tables (the compiled dense
             Adagrad step does not take their weights); on several ranks, a plan (or
             ``sharding.sharding_types``) with row_wise, table_row_wise or grid_shard tables, whose input dist sends
             each id to the rank holding its row (the all-to-all's sizes change every batch), or
@@ -114,13 +123,6 @@ def check_graphed(
     key = "config key `pipeline.name`: pipeline=graphed"
     if device.type != "cuda":
         raise ConfigError(f"{key} replays a CUDA graph, but this run is on {device.type}; use pipeline=sparse_dist")
-    opt = cfg.optimizer
-    if opt.warmup_steps or opt.decay_steps:
-        raise ConfigError(
-            f"{key} replays the learning rates it was captured with, but optimizer.warmup_steps="
-            f"{opt.warmup_steps} / optimizer.decay_steps={opt.decay_steps} change them; set both to 0 (the MLPerf "
-            "recipe's constant rate) or use pipeline=sparse_dist"
-        )
     if cfg.offload.name != "none":
         raise ConfigError(f"{key} is not built for offload={cfg.offload.name}; use offload=none or pipeline=prefetch")
     if "data_parallel" in (sharding_types if sharding_types is not None else cfg.sharding.sharding_types or ()):
@@ -205,7 +207,10 @@ class GraphedTrainPipeline:
     collectives.
 
     ``progress`` returns ``(loss, logits, labels)`` (detached; fresh tensors each step) and raises
-    ``StopIteration`` after the last batch.
+    ``StopIteration`` after the last batch. ``path_steps`` counts the steps trained ``eager`` (warm-up, a batch of
+    another shape, a step whose learning rates differ from the previous step's), as a ``rehearsal`` (the capture
+    path run eagerly on a batch or rates newly held) and through the ``graph`` (captured or replayed; with
+    ``capture=False`` the capture path run eagerly).
 
     Raises:
         ConfigError: a model with more than one sharded module, or a dense optimizer that is not Adagrad; with
@@ -259,6 +264,9 @@ class GraphedTrainPipeline:
         self._out: Tuple[torch.Tensor, ...] = ()
         self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
         self._stepped: List[torch.Tensor] = []  # the dense parameters the graph steps
+        self._last_rates: Tuple[float, ...] = ()  # every param group's rate at the previous step
+        self._held_rates: Optional[Tuple[float, ...]] = None  # the rates of the last rehearsal (and of the graph)
+        self.path_steps: Dict[str, int] = {"eager": 0, "rehearsal": 0, "graph": 0}
         self._compile = capture and device.type == "cuda"
         self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -297,16 +305,32 @@ class GraphedTrainPipeline:
         """
         batch = self._take(it)
         self._steps += 1
-        if (self._held is not None and not self._held.fits(batch)) or self._steps <= WARMUP_STEPS:
+        rates = tuple(float(g["lr"]) for g in self._optimizer.param_groups)
+        steady, self._last_rates = rates == self._last_rates, rates
+        if (
+            (self._held is not None and not self._held.fits(batch))
+            or self._steps <= WARMUP_STEPS
+            or not steady  # a warm-up or decay step: its rate is not one a graph can hold (module docstring)
+        ):
+            self.path_steps["eager"] += 1
             return self._eager_step(batch)
-        rehearsal = self._held is None  # on the batch that becomes the input buffers
-        if rehearsal:
+        first = self._held is None  # on the batch that becomes the input buffers
+        if first:
             self._held = _Held(self._sharded, batch, self._ids_all_to_all)
         else:
             self._held.load(batch)
             if self._steps % CHECK_EVERY == 0:
                 self.check_bag_sizes()
         self._held.verify(self._sharded, "full batch", "after the warm-up")
+        rehearsal = first or rates != self._held_rates
+        if rehearsal:
+            if self._held_rates is not None:
+                log.info(
+                    "learning rate held at %s from step %d: the training step is captured anew", rates, self._steps
+                )
+            self._held_rates = rates
+            self._drop_graph()
+        self.path_steps["rehearsal" if rehearsal else "graph"] += 1
         if rehearsal or not self._capture:
             self._optimizer.zero_grad()
             return tuple(t.clone() for t in self._graph_step())
@@ -482,6 +506,10 @@ class GraphedTrainPipeline:
                 torch.compile(step, fullgraph=True, dynamic=False, options=EAGER_DIVISION) if self._compile else step
             )
         return self._compiled[key]
+
+    def _drop_graph(self) -> None:
+        """Release the captured step (its rates are no longer the optimizer's), its outputs and gradient buffers."""
+        self._graph, self._out, self._grads, self._stepped = None, (), [], []
 
     def _record(self) -> None:
         self._optimizer.zero_grad()  # the graph allocates its own gradient buffers

@@ -24,6 +24,18 @@ from dlrm.errors import ConfigError
 BATCH = 32
 STEPS = 9  # 2 warm-up, the rehearsal, 5 captured or held-input-dist steps, then a partial batch
 STEPS_RANKS = 12  # on several ranks: 2 warm-up, the rehearsal, 8 graph steps, then a partial batch
+# a warm-up over steps 0-2, the base rate over 3-8, a decay over 8-11 to its floor, the floor from 11 on (lr 0.01)
+SCHEDULE = (
+    "optimizer.warmup_steps=3",
+    "optimizer.decay_start_step=8",
+    "optimizer.decay_steps=4",
+    "optimizer.decay_power=2",
+    "optimizer.end_lr=0.00125",
+)
+STEPS_SCHEDULE = 16
+# 1-based steps: eager 1-2 (warm-up), 3 (rate rising), 10-12 (decaying), 16 (partial batch); rehearsal 4 (the base
+# rate held), 13 (the floor held); graph 5-9 (step 9 the decay's first, at the base rate) and 14-15
+SCHEDULE_PATHS = {"eager": 7, "rehearsal": 2, "graph": 7}
 
 
 def _cfg(sharding: str, sparse_type: str, pipeline: str, device: str, extra: Tuple[str, ...] = ()) -> Any:
@@ -68,12 +80,15 @@ def _train(
             built.model, built.optimizer, built.dense, info.device, capture=capture, ids_all_to_all=ids_all_to_all
         )
     it = iter(_batches(cfg, info.device, steps, dist.get_rank()))
-    losses = [float(pipe.progress(it)[0]) for _ in range(steps)]
+    losses = []
+    for _ in range(steps):  # as the trainer: the scheduler gives the next step's rate after each step
+        losses.append(float(pipe.progress(it)[0]))
+        built.scheduler.step()
     with pytest.raises(StopIteration):
         pipe.progress(it)
     state = {k: _plain(v) for k, v in built.model.state_dict().items()}
     opt = {k: {n: _plain(t) for n, t in st.items()} for k, st in built.optimizer.state_dict()["state"].items()}
-    return losses, state, opt
+    return losses, state, opt, getattr(pipe, "path_steps", None)
 
 
 def _plain(v: Any) -> Any:
@@ -90,7 +105,11 @@ def _compare(
     cases: List[Tuple[str, str]],
     steps: int = STEPS,
     ids_all_to_all: Any = None,
+    paths: Any = None,
 ) -> List[str]:
+    """Train each ``(sharding, sparse_type)`` case (``sharding`` with spaces: the overrides of the plan and more)
+    through ``pipeline=sparse_dist`` and the graphed pipeline; assert bit-for-bit equal losses, state and optimizer
+    state, and with ``paths`` the graphed pipeline's ``path_steps``."""
     out = []
     for sharding, sparse_type in cases:
         extra = tuple(sharding.split()) if " " in sharding else ()
@@ -103,6 +122,7 @@ def _compare(
             ids_all_to_all,
         )
         assert got[0] == ref[0], (sharding, sparse_type, got[0], ref[0])
+        assert paths is None or got[3] == paths, (sharding, sparse_type, got[3])
         assert sorted(got[1]) == sorted(ref[1])
         diff = [k for k in ref[1] if not _same_state(got[1][k], ref[1][k])]
         assert not diff, (sharding, sparse_type, diff[:4])
@@ -125,22 +145,39 @@ def _same_state(a: Any, b: Any) -> bool:
 
 
 def _cpu_checks(rank: int, world: int) -> List[str]:
-    return _compare(rank, world, "cpu", False, [("table_wise", "adagrad"), ("row_wise", "rowwise_adagrad")]) + [
-        _bag_sizes(rank, world)
-    ]
+    schedule = " ".join(("sharding=table_wise",) + SCHEDULE)
+    return (
+        _compare(rank, world, "cpu", False, [("table_wise", "adagrad"), ("row_wise", "rowwise_adagrad")])
+        + _compare(rank, world, "cpu", False, [(schedule, "adagrad")], STEPS_SCHEDULE, paths=SCHEDULE_PATHS)
+        + [_bag_sizes(rank, world)]
+    )
 
 
 def test_capture_path_trains_as_torchrec_pipeline_bit_for_bit_and_checks_bag_sizes_on_cpu() -> None:
-    """One process for both: the comparison of two plans and optimizers, and a batch of other bag sizes (as many
-    ids, two bags of the first table swapping sizes) that the pipeline reports instead of replaying it."""
+    """One process for all: the comparison of two plans and optimizers; with a learning-rate warm-up and decay
+    over 16 steps (the rising and decaying steps eager, the base rate and the decay's floor each held and run
+    along the capture path); and a batch of other bag sizes (as many ids, two bags of the first table swapping
+    sizes) that the pipeline reports instead of replaying it."""
     (msgs,) = run_gloo(1, _cpu_checks)
-    assert len(msgs) == 3 and msgs[-1] == "ok", msgs
+    assert len(msgs) == 4 and msgs[-1] == "ok" and f"{STEPS_SCHEDULE} losses" in msgs[2], msgs
 
 
 @pytest.mark.gpu
 def test_cuda_graph_replays_train_as_torchrec_pipeline_bit_for_bit() -> None:
     (msgs,) = run_gloo(1, _compare, "cuda", True, [("table_wise", "adagrad"), ("table_wise", "rowwise_adagrad")])
     assert len(msgs) == 2, msgs
+
+
+@pytest.mark.gpu
+def test_cuda_graph_with_a_learning_rate_schedule_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """A warm-up and decay over 16 steps: the graph captured at the base rate, dropped, and captured again at the
+    decay's floor, the other steps eager; on one GPU, and with the ids all-to-all forced on a one-rank NCCL
+    world."""
+    cases = [(" ".join(("sharding=table_wise",) + SCHEDULE), t) for t in ("adagrad", "rowwise_adagrad")]
+    (msgs,) = run_gloo(1, _compare, "cuda", True, cases, STEPS_SCHEDULE, None, SCHEDULE_PATHS)
+    assert len(msgs) == 2, msgs
+    (msgs,) = run_gloo(1, _nccl_compare, cases[:1], STEPS_SCHEDULE, SCHEDULE_PATHS)
+    assert len(msgs) == 1, msgs
 
 
 # a plan of every sharding type the ids all-to-all takes: table_wise, column_wise, data_parallel tables
@@ -178,13 +215,15 @@ def test_cuda_graph_with_ids_all_to_all_on_one_rank_trains_as_torchrec_pipeline_
     assert len(msgs) == 2, msgs
 
 
-def _nccl_compare(rank: int, world: int, cases: List[Tuple[str, str]]) -> List[str]:
+def _nccl_compare(
+    rank: int, world: int, cases: List[Tuple[str, str]], steps: int = STEPS_RANKS, paths: Any = None
+) -> List[str]:
     import torch.distributed as dist
 
     dist.destroy_process_group()  # the runner's gloo group: this check issues NCCL collectives
     store = tempfile.mkdtemp(prefix="nccl_")
     dist.init_process_group("nccl", init_method=f"file://{store}/store", rank=0, world_size=1)
-    return _compare(rank, world, "cuda", True, cases, STEPS_RANKS, ids_all_to_all=True)
+    return _compare(rank, world, "cuda", True, cases, steps, ids_all_to_all=True, paths=paths)
 
 
 def _static_input_dist(rank: int, world: int, cases: List[Tuple[str, Tuple[str, ...]]]) -> Dict[str, Any]:
@@ -280,7 +319,6 @@ def _bag_sizes(rank: int, world: int) -> str:
         ([], 1, "cpu", "replays a CUDA graph, but this run is on cpu"),
         (["sharding=row_wise"], 2, "cuda", "row_wise tables send each id to the rank that holds its row"),
         (["perf.allreduce_dtype=bf16"], 2, "cuda", "dense gradients in fp32 .*perf.allreduce_dtype=bf16"),
-        (["optimizer.warmup_steps=100"], 1, "cuda", "optimizer.warmup_steps=100 .* set both to 0"),
         (["offload=uvm"], 1, "cuda", "not built for offload=uvm"),
     ],
 )
@@ -292,6 +330,8 @@ def test_what_a_replay_cannot_follow_is_refused(overrides: List[str], world: int
         check_graphed(cfg, world, torch.device(device))
     check_graphed(to_config(compose(["pipeline=graphed"])), 1, torch.device("cuda"))  # the default config passes
     check_graphed(to_config(compose(["pipeline=graphed"])), 8, torch.device("cuda"))  # several ranks too
+    # a schedule's changing rates train eagerly (GraphedTrainPipeline), so it is taken
+    check_graphed(to_config(compose(["pipeline=graphed", *SCHEDULE])), 8, torch.device("cuda"))
 
 
 def test_a_plan_with_row_split_tables_is_refused_on_several_ranks() -> None:
