@@ -23,7 +23,7 @@ from dlrm.errors import ConfigError
 
 BATCH = 32
 STEPS = 9  # 2 warm-up, the rehearsal, 5 captured or held-input-dist steps, then a partial batch
-STEPS_RANKS = 12  # on several ranks: 2 warm-up, the rehearsal, 8 graph steps, then a partial batch
+STEPS_RANKS = 12  # one-rank NCCL world: 2 warm-up, the rehearsal, 8 graph steps, then a partial batch
 # a warm-up over steps 0-2, the base rate over 3-8, a decay over 8-11 to its floor, the floor from 11 on (lr 0.01)
 SCHEDULE = (
     "optimizer.warmup_steps=3",
@@ -192,19 +192,22 @@ MIXED = (
 
 def test_capture_path_on_two_ranks_trains_as_torchrec_pipeline_bit_for_bit() -> None:
     """2 gloo ranks, each its own ids: the capture path run eagerly (ids all-to-all with fixed splits, dense
-    all-reduce inside the step) against ``pipeline=sparse_dist`` over 11 full batches and a half one; losses,
-    every table shard, dense parameters and optimizer state equal bit for bit. Then one rank's batch of other bag
-    sizes makes both ranks raise."""
+    all-reduce inside the step) against ``pipeline=sparse_dist`` over 15 full batches and a half one, under a
+    learning-rate warm-up and decay (both ranks take the same path at every step); losses, every table shard,
+    dense parameters and optimizer state equal bit for bit. Then one rank's batch of other bag sizes makes both
+    ranks raise."""
     results = run_gloo(2, _two_rank_checks)
     for msgs in results:
-        assert len(msgs) == 2 and f"{STEPS_RANKS} losses" in msgs[0] and msgs[1] == "ok", msgs
+        assert len(msgs) == 2 and f"{STEPS_SCHEDULE} losses" in msgs[0] and msgs[1] == "ok", msgs
 
 
 def _two_rank_checks(rank: int, world: int) -> List[str]:
     """The comparison, then a batch of other bag sizes on one rank only, which both ranks report."""
     # with the lean output dist and DDP's all-reduce held behind it, as perf=fast has them on several GPUs
-    case = " ".join(MIXED + ("perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true"))
-    return _compare(rank, world, "cpu", False, [(case, "adagrad")], STEPS_RANKS) + [_bag_sizes(rank, world)]
+    case = " ".join(MIXED + ("perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true") + SCHEDULE)
+    return _compare(rank, world, "cpu", False, [(case, "adagrad")], STEPS_SCHEDULE, paths=SCHEDULE_PATHS) + [
+        _bag_sizes(rank, world)
+    ]
 
 
 @pytest.mark.gpu
