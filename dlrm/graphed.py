@@ -509,6 +509,8 @@ class GraphedTrainPipeline:
 
     def _drop_graph(self) -> None:
         """Release the captured step (its rates are no longer the optimizer's), its outputs and gradient buffers."""
+        if self._graph is not None:  # its last replay finishes before its memory pool goes back to the allocator
+            torch.cuda.synchronize(self._device)
         self._graph, self._out, self._grads, self._stepped = None, (), [], []
 
     def _record(self) -> None:
