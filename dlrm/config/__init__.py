@@ -1210,7 +1210,7 @@ def _check_finite(obj: Any, prefix: str) -> None:
 
 # conf/ sits beside the dlrm package in a checkout and in an editable install (`pip install -e .`); an absolute
 # path because Hydra resolves a relative one against the package (pkg://), where conf/ is not.
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "conf")
 
 
 def compose(overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> DictConfig:
@@ -1475,9 +1475,3 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     else:
         with open(args.markdown, "w", encoding="utf-8") as f:
             f.write(text)
-
-
-if __name__ == "__main__":
-    from dlrm import config as _module  # the importable module, not this __main__ copy of it
-
-    _module.main()
