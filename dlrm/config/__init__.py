@@ -18,7 +18,6 @@ import ast
 import dataclasses
 import inspect
 import os
-import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
@@ -34,6 +33,7 @@ from dlrm.config.compose import (
 )
 from dlrm.config.data import DEFAULT_BATCH_SIZE, DataConfig, per_rank_batch
 from dlrm.config.logger import LoggerConfig, MlperfSink, StdoutSink, TensorBoardSink, WandbSink
+from dlrm.config.messages import error_line
 from dlrm.config.mlperf import (
     MLPERF_MULTI_HOT_SIZES,
     MLPERF_NUM_EMBEDDINGS,
@@ -100,30 +100,6 @@ __all__ = [
     "to_config",
     "unknown_key_error",
 ]
-
-
-def error_line(e: BaseException) -> str:
-    """``e`` as the one line a command prints after ``error:``: runs of whitespace collapsed (Hydra's messages
-    span lines); a Hydra override error whose cause is an OmegaConf one gets that cause's first line, which says
-    what is wrong with the value (``Error merging override data.batch_size=abc (Value 'abc' of type 'str' could
-    not be converted to Integer)``). A misspelt key is named with the keys its section has: Hydra's advice to
-    add it with ``+`` would only meet :func:`unknown_key_error` next."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    misspelt = re.match(r"Could not override '([\w.]+)'", str(e)) if isinstance(e, HydraException) else None
-    unknown = unknown_key_error(misspelt.group(1)) if misspelt else None
-    if unknown is not None:
-        return str(unknown)
-    text = " ".join(str(e).split()).split(" Config search path:")[0]  # Hydra appends its search path
-    missing = re.search(r"Could not load '(\w+)/([^']+)'", text)  # an unknown entry of a list group (logger=[...])
-    if missing and missing.group(1) in GROUPS:
-        group = missing.group(1)
-        return f"{text} Available options in '{group}': {' '.join(group_options(group))}"
-    cause = e.__cause__
-    if isinstance(e, HydraException) and isinstance(cause, OmegaConfBaseException) and str(cause).strip():
-        text += f" ({str(cause).strip().splitlines()[0].strip()})"
-    return text
 
 
 # ------------------------------------------------------------------------------------ configuration reference
