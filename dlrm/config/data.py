@@ -110,6 +110,18 @@ class DataConfig:
     and build each batch's KJT there, off the host (null: on CUDA). Costs that much device memory."""
 
     def __post_init__(self) -> None:
+        self._check_values()
+        if self.val_fraction != DataConfig.__dataclass_fields__["val_fraction"].default:
+            self._check_val_fraction()
+        if self.name == "criteo_tsv":
+            self._check_tsv_files()
+        if self.name == "synthetic":
+            self._check_synthetic()
+        self._check_loader()
+        self._check_dataset_dir()
+
+    def _check_values(self) -> None:
+        """The source's name and the ranges of the keys every source reads."""
         check(
             self.name in ("synthetic", "criteo_tsv", "criteo_binary"),
             "data.name",
@@ -131,78 +143,78 @@ class DataConfig:
             "data=criteo_binary reads the ids its preprocessing wrote; set data.min_id_count=0, or train on the "
             "TSV with data=criteo_tsv",
         )
-        if self.val_fraction != DataConfig.__dataclass_fields__["val_fraction"].default:
-            check(
-                self.name != "criteo_binary",
-                "data.val_fraction",
-                "data=criteo_binary validates on the first half of its last day; drop data.val_fraction",
-            )
-            check(
-                self.name != "synthetic",
-                "data.val_fraction",
-                "data=synthetic validates on data.num_val_samples generated rows; set data.num_val_samples "
-                "instead of data.val_fraction",
-            )
-            check(
-                not self.val_path,
-                "data.val_fraction",
-                "data.val_path gives the validation rows, so data.val_fraction is unused; drop data.val_fraction, "
-                "or drop data.val_path to validate on the last data.val_fraction of data.train_path",
-            )
-        if self.name == "criteo_tsv":
-            check(
-                bool(self.train_path),
+
+    def _check_val_fraction(self) -> None:
+        """A ``val_fraction`` other than the default is refused where the validation rows come from elsewhere."""
+        check(
+            self.name != "criteo_binary",
+            "data.val_fraction",
+            "data=criteo_binary validates on the first half of its last day; drop data.val_fraction",
+        )
+        check(
+            self.name != "synthetic",
+            "data.val_fraction",
+            "data=synthetic validates on data.num_val_samples generated rows; set data.num_val_samples "
+            "instead of data.val_fraction",
+        )
+        check(
+            not self.val_path,
+            "data.val_fraction",
+            "data.val_path gives the validation rows, so data.val_fraction is unused; drop data.val_fraction, "
+            "or drop data.val_path to validate on the last data.val_fraction of data.train_path",
+        )
+
+    def _check_tsv_files(self) -> None:
+        """``criteo_tsv``: a training file, and validation and test files that are not the training rows."""
+        check(
+            bool(self.train_path),
+            "data.train_path",
+            "data=criteo_tsv needs a training TSV: pass data.train_path=<file.tsv>",
+        )
+        for key, what, fix in (
+            (
+                "val_path",
+                "validating",
+                "a separate validation file, or drop data.val_path to validate on the last data.val_fraction of "
                 "data.train_path",
-                "data=criteo_tsv needs a training TSV: pass data.train_path=<file.tsv>",
-            )
-
-            def same_file(a: str, b: str) -> bool:
-                if os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b)):
-                    return True
-                try:
-                    return os.path.samefile(a, b)
-                except OSError:  # one of them does not exist (yet): the loader names it
-                    return False
-
-            for key, what, fix in (
-                (
-                    "val_path",
-                    "validating",
-                    "a separate validation file, or drop data.val_path to validate on the last data.val_fraction of "
-                    "data.train_path",
-                ),
-                ("test_path", "testing", "a separate test file, or drop data.test_path"),
-            ):
-                path = getattr(self, key)
-                check(
-                    not (path and same_file(path, self.train_path or "")),
-                    f"data.{key}",
-                    f"{path!r} is the same file as data.train_path ({self.train_path!r}): {what} on the training "
-                    f"rows inflates AUC; pass {fix}",
-                )
+            ),
+            ("test_path", "testing", "a separate test file, or drop data.test_path"),
+        ):
+            path = getattr(self, key)
             check(
-                not (self.test_path and self.val_path and same_file(self.test_path, self.val_path)),
-                "data.test_path",
-                f"{self.test_path!r} is the same file as data.val_path: the test split would repeat the validation "
-                "rows the run was tuned on; pass a separate test file, or drop data.test_path",
+                not (path and _same_file(path, self.train_path or "")),
+                f"data.{key}",
+                f"{path!r} is the same file as data.train_path ({self.train_path!r}): {what} on the training "
+                f"rows inflates AUC; pass {fix}",
             )
-        if self.name == "synthetic":
-            for key in ("train_path", "val_path", "test_path"):
-                check(
-                    getattr(self, key) is None,
-                    f"data.{key}",
-                    f"is set ({getattr(self, key)!r}) but data=synthetic ignores files; add data=criteo_tsv "
-                    "(or experiment=criteo_sample) to train on it",
-                )
-            check(self.num_train_samples > 0, "data.num_train_samples", "must be positive")
-            check(self.num_val_samples > 0, "data.num_val_samples", "must be positive")
-            check(self.num_test_samples >= 0, "data.num_test_samples", "must be >= 0")
+        check(
+            not (self.test_path and self.val_path and _same_file(self.test_path, self.val_path)),
+            "data.test_path",
+            f"{self.test_path!r} is the same file as data.val_path: the test split would repeat the validation "
+            "rows the run was tuned on; pass a separate test file, or drop data.test_path",
+        )
+
+    def _check_synthetic(self) -> None:
+        """``synthetic``: no files, positive sample counts, no ``max_rows``."""
+        for key in ("train_path", "val_path", "test_path"):
             check(
-                self.max_rows is None,
-                "data.max_rows",
-                "data=synthetic generates data.num_train_samples training rows; set data.num_train_samples "
-                "instead of data.max_rows",
+                getattr(self, key) is None,
+                f"data.{key}",
+                f"is set ({getattr(self, key)!r}) but data=synthetic ignores files; add data=criteo_tsv "
+                "(or experiment=criteo_sample) to train on it",
             )
+        check(self.num_train_samples > 0, "data.num_train_samples", "must be positive")
+        check(self.num_val_samples > 0, "data.num_val_samples", "must be positive")
+        check(self.num_test_samples >= 0, "data.num_test_samples", "must be >= 0")
+        check(
+            self.max_rows is None,
+            "data.max_rows",
+            "data=synthetic generates data.num_train_samples training rows; set data.num_train_samples "
+            "instead of data.max_rows",
+        )
+
+    def _check_loader(self) -> None:
+        """The row cap, the multi-hot source and the loader's threads and device."""
         check(self.max_rows is None or self.max_rows > 0, "data.max_rows", "must be positive or null")
         check(
             self.multi_hot_source in ("auto", "materialized", "on_the_fly"),
@@ -216,6 +228,9 @@ class DataConfig:
             "data=criteo_binary builds its batches in loader threads, in pinned host memory (data.pin_memory); drop "
             "data.assemble_on_device",
         )
+
+    def _check_dataset_dir(self) -> None:
+        """``criteo_binary`` reads ``dataset_dir`` (in file order) and no TSV paths; the other sources refuse it."""
         if self.name == "criteo_binary":
             check(
                 bool(self.dataset_dir),
@@ -240,3 +255,14 @@ class DataConfig:
                 "data.dataset_dir",
                 f"is set but data={self.name} ignores it; add data=criteo_binary to train on it",
             )
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (equal paths, or :func:`os.path.samefile`); False when either
+    does not exist yet, for the loader to name."""
+    if os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b)):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): the loader names it
+        return False
