@@ -65,6 +65,12 @@ class PerfConfig:
     all-reduce; several ranks only."""
 
     def __post_init__(self) -> None:
+        self._check_tables_and_comms()
+        self._check_autocast()
+        self._check_compile_and_ddp()
+
+    def _check_tables_and_comms(self) -> None:
+        """The table and pooled-embedding dtypes, the all-reduce's dtype and timing, and FBGEMM's checks."""
         check(
             self.embedding_dtype != "bf16",
             "perf.embedding_dtype",
@@ -104,6 +110,9 @@ class PerfConfig:
             "perf.tbe_bounds_check",
             f"got {self.tbe_bounds_check!r}; use warning, fatal or none",
         )
+
+    def _check_autocast(self) -> None:
+        """The autocast dtype, and the keys that must agree with it."""
         check(
             self.autocast in ("none", "bf16", "fp16"), "perf.autocast", f"got {self.autocast!r}; use none, bf16 or fp16"
         )
@@ -124,6 +133,9 @@ class PerfConfig:
             "autocast keeps the DCN's residual stream in the autocast dtype and has no effect while "
             "perf.autocast=none; add perf.autocast=bf16, or use perf.dcn_residual_dtype=fp32",
         )
+
+    def _check_compile_and_ddp(self) -> None:
+        """``torch.compile``'s mode and DDP split, and DDP's bucket size."""
         check(
             self.compile_mode not in ("reduce-overhead", "max-autotune"),
             "perf.compile_mode",
