@@ -144,7 +144,7 @@ def configuration_markdown() -> str:
         "# Configuration reference",
         "",
         "Every key of the trainer's config, with its default (what `python train.py` composes) and the values the",
-        "shipped config groups give it. Generated from the schema in `dlrm/config.py` (the docstring beside each",
+        "shipped config groups give it. Generated from the schema in `dlrm/config/` (the docstring beside each",
         "field) and the files in `conf/` by `python -m dlrm.config --markdown docs/configuration.md`; a test fails",
         "when this file is out of date. Set any key on the command line (`data.batch_size=1024`), pick a group",
         "option (`perf=fast`), add a per-table constraint with `+` (`+sharding.constraints.t_cat_0.sharding_types=",
