@@ -24,5 +24,4 @@ def check_finite(obj: Any, prefix: str) -> None:
         if dataclasses.is_dataclass(v):
             check_finite(v, key + ".")
         for x in v if isinstance(v, (list, tuple)) else [v]:
-            if isinstance(x, float) and not math.isfinite(x):
-                raise ConfigError(f"config key `{key}`: got {x}; give a finite number")
+            check(not isinstance(x, float) or math.isfinite(x), key, f"got {x}; give a finite number")
