@@ -41,8 +41,9 @@ from dlrm.checkpoint import (
     unreadable_data,
     verify_checkpoint,
 )
-from dlrm.config import ModelConfig, output_file_problem
+from dlrm.config import ModelConfig
 from dlrm.errors import InputError
+from dlrm.writable import output_file_problem
 
 FORMAT = "dlrm-export/1"
 

@@ -42,7 +42,6 @@ from dlrm.config import (
     Config,
     compose,
     error_line,
-    output_file_problem,
     per_rank_batch,
     to_config,
     unknown_key_error,
@@ -53,6 +52,7 @@ from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan, sharding_types_of
 from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
+from dlrm.writable import output_file_problem
 
 # The largest world size planned: TorchRec's planner (1.8) took about a minute for 1024 CPU ranks of the default
 # model on a 2-core host (its enumerator 27 s for 182 options, 311 partitions 23 s); both grow with the ranks

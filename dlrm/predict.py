@@ -21,8 +21,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from dlrm.config import compose, error_line, output_file_problem, to_config
+from dlrm.config import compose, error_line, to_config
 from dlrm.errors import InputError
+from dlrm.writable import output_file_problem
 
 
 def predict(model: torch.nn.Module, split, batch_size: int, multi_hot) -> tuple:  # type: ignore[no-untyped-def]

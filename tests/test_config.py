@@ -154,11 +154,11 @@ def test_every_field_has_a_docstring() -> None:
 
     from dlrm import config as C
 
-    for prefix, schema in C._sections():
+    for prefix, schema in C.sections():
         docs = C.field_docs(schema)
         for f in dataclasses.fields(schema):
             nested = f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
-            assert nested or docs.get(f.name), f"{prefix}{f.name} has no docstring beside it in dlrm/config.py"
+            assert nested or docs.get(f.name), f"{prefix}{f.name} has no docstring beside it in dlrm/config/"
 
 
 def test_configuration_reference_is_up_to_date() -> None:
