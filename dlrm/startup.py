@@ -7,7 +7,7 @@
 5. :func:`run_length`: steps per epoch and to run, the validation cadence, the AUC method.
 6. :func:`planning_config`: the config the stack is planned from (HBM left by the data, a checkpoint's plan).
 
-The trainer then builds the stack (:func:`dlrm.trainer.build_training`), opens its sinks and restores the
+The trainer then builds the stack (:func:`dlrm.build.build_training`), opens its sinks and restores the
 checkpoint; the run directory is claimed (:mod:`dlrm.rundir`) between phases 1 and 2, before anything of it is
 read, removed or written.
 """
