@@ -12,7 +12,6 @@ in-training evaluation, per-rank data layout, TorchRec's fused optimizers); ever
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import math
@@ -36,9 +35,10 @@ from dlrm.checkpoint import (
 from dlrm.config import Config, to_config
 from dlrm.dist import DistInfo
 from dlrm.errors import ConfigError
+from dlrm.evaluation import Scorer, eval_line, eval_record, final_line
 from dlrm.graphed import GraphedTrainPipeline
 from dlrm.loggers import MetricsLogger, setup_logging
-from dlrm.metrics import EvalAccumulator, MetricWindow
+from dlrm.metrics import MetricWindow
 from dlrm.mlperf_log import MlperfLogger
 from dlrm.model import FEATURE_NAMES
 from dlrm.perf import perf_line
@@ -164,8 +164,9 @@ class Trainer:
         self._open_metrics(resolved)
         self._resume(resume_from)
         self._write_run_files(resolved)
+        self.scorer = Scorer(self.model, self.pipeline, info, b.eval_batch_size, d.multi_hot, n.auc_method)
         if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
-            self._compile_eval_step()
+            self.scorer.compile_step(self.val_split)
 
     def _open_run_dir(self) -> None:
         """Own the run directory (the owner lock is taken before anything of it is read, removed or written), make
@@ -317,38 +318,6 @@ class Trainer:
             if not is_storage_fault(e):
                 raise
             raise storage_error(path, e, None, "free space there, or give hydra.run.dir on a larger disk") from None
-
-    @torch.no_grad()
-    def _compile_eval_step(self) -> None:
-        """Run one evaluation batch before training, so that the compiled dense step's evaluation graph (another
-        batch size, no autograd) is built here, logged, and not inside the first validation's timing."""
-        info = self.info
-        assert info is not None
-        t0 = time.perf_counter()
-        with contextlib.closing(
-            iter(
-                data_mod.eval_batches(
-                    self.val_split,
-                    batch_size=self.eval_batch_size,
-                    rank=info.rank,
-                    world_size=info.world_size,
-                    feature_names=FEATURE_NAMES,
-                    multi_hot=self.multi_hot,
-                )
-            )
-        ) as batches:  # closed here: a prefetching source stops its thread
-            batch, _ = next(batches)
-        model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
-        model.eval()
-        model(batch.to(info.device))
-        model.train()
-        if info.device.type == "cuda":
-            torch.cuda.synchronize(info.device)
-        log.info(
-            "evaluation step compiled for batch %d before training (%.1fs)",
-            self.eval_batch_size,
-            time.perf_counter() - t0,
-        )
 
     def _claim_dirs(self) -> None:
         """Own the run directory (and ``checkpoint.dir`` outside it) for this run (:func:`dlrm.rundir.claim_run`):
@@ -513,11 +482,7 @@ class Trainer:
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
         if last_val and info.is_main:
-            self.metrics.log_line(
-                f"final validation AUC {_auc_text(last_val, 'val_')} (logloss {_num(last_val['val_logloss'], '.5f')}, "
-                f"{last_val['val_samples']:,} samples) after {self.step} steps, "
-                f"{time.perf_counter() - t_start:.1f}s"
-            )
+            self.metrics.log_line(final_line(last_val, self.step, time.perf_counter() - t_start))
         return last_val
 
     def _nonfinite(self, step: int) -> FloatingPointError:
@@ -597,53 +562,15 @@ class Trainer:
         self.history.append(rec)
 
     # ------------------------------------------------------------------------------------------------- eval
-    @torch.no_grad()
     def evaluate(self, split: Optional[data_mod.Split] = None, kind: str = "val") -> Dict[str, Any]:
         """Score a split (default: validation) on all ranks; logs and returns ``<kind>_*`` metrics."""
-        info = self.info
-        assert info is not None and self.metrics is not None
-        split = split if split is not None else self.val_split
+        assert self.metrics is not None
         t0 = time.perf_counter()
-        model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
-        model.eval()
         if kind == "val":
             self.mlperf.eval_start(self.step / self.steps_per_epoch, self.samples_seen)
-        acc = EvalAccumulator(info.device, self.auc_method)
-        batches = data_mod.eval_batches(
-            split,
-            batch_size=self.eval_batch_size,
-            rank=info.rank,
-            world_size=info.world_size,
-            feature_names=FEATURE_NAMES,
-            multi_hot=self.multi_hot,
-        )
-        if hasattr(self.pipeline, "evaluate"):  # pipeline=graphed: replays a captured forward
-            outputs = self.pipeline.evaluate(batches)
-        else:
-            outputs = ((model(b.to(info.device))[1], w) for b, w in batches)
-        for out, weight in outputs:
-            weight = weight.to(info.device)
-            if len(out) > 3:  # skip_batch: rows of a batch with non-finite inputs do not count
-                weight = weight * out[3].to(weight.dtype)
-            acc.update(out[1], out[2], weight)
-        res = acc.compute()
-        model.train()  # the pipeline re-attaches its pipelined forwards on the next progress()
-        rec: Dict[str, Any] = {"step": self.step, "samples": self.samples_seen}
-        rec.update({f"{kind}_{k}": v for k, v in res.items()})
-        rec["eval_s"] = time.perf_counter() - t0
-        rec["eval_samples_per_s"] = res["samples"] / max(rec["eval_s"], 1e-9)
-        if res["auc_undefined"] is None:
-            del rec[f"{kind}_auc_undefined"]
-        self.metrics.log(
-            rec,
-            (
-                f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {_auc_text(res)} | "
-                f"logloss {_num(res['logloss'], '.5f')} | ne {_num(res['ne'], '.4f')} | "
-                f"acc {_num(res['accuracy'], '.4f')} | calib {_num(res['calibration'], '.3f')} | "
-                f"{res['samples']:,} samples | {rec['eval_s']:.1f}s"
-            ),
-            kind=kind,
-        )
+        res = self.scorer.score(split if split is not None else self.val_split)
+        rec = eval_record(kind, res, self.step, self.samples_seen, time.perf_counter() - t0)
+        self.metrics.log(rec, eval_line(kind, res, self.step, self.total_steps, rec["eval_s"]), kind=kind)
         if kind == "val":
             self.mlperf.eval(self.step / self.steps_per_epoch, res["auc"], self.samples_seen)
         self.history.append(rec)
@@ -680,17 +607,6 @@ def plan_summary(pi: Any) -> str:
         f"sharding plan ({pi.source}) for {pi.world_size} rank{'s' * (pi.world_size != 1)}: tables {types}; the "
         "plan and step-traffic tables are in train.log and plan.json (logger.verbose=true prints them here)"
     )
-
-
-def _num(v: float, spec: str) -> str:
-    """``v`` formatted, or ``n/a`` for NaN (a metric undefined on this split)."""
-    return format(v, spec) if math.isfinite(v) else "n/a"
-
-
-def _auc_text(res: Dict[str, Any], prefix: str = "") -> str:
-    """The AUC of an evaluation record for a log line, or ``undefined (<why>)`` (:func:`dlrm.metrics.auc_undefined`)."""
-    why = res.get(f"{prefix}auc_undefined")
-    return f"undefined ({why})" if why else _num(res[f"{prefix}auc"], ".4f")
 
 
 def _peak_memory_gb(device: torch.device) -> float:
