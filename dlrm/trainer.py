@@ -12,9 +12,7 @@ in-training evaluation, per-rank data layout, TorchRec's fused optimizers); ever
 
 from __future__ import annotations
 
-import datetime
 import logging
-import math
 import os
 import time
 from typing import Any, Dict, Iterator, List, Optional
@@ -54,6 +52,7 @@ from dlrm.startup import (
     preflight,
     run_length,
 )
+from dlrm.step_log import TimedIterator, WindowLog, window_line
 from dlrm.traffic import model_traffic, traffic_report
 
 log = logging.getLogger(__name__)
@@ -74,9 +73,7 @@ class Trainer:
         self.info: Optional[DistInfo] = None
         self.metrics: Optional[MetricsLogger] = None
         self.state = TrainState()  # step, samples seen, metric window: what a checkpoint restores
-        self._it: Optional["_TimedIterator"] = None
-        self._input_warned = False
-        self._windows_logged = 0  # by this process: a resumed run's first window also holds the compile
+        self._it: Optional[TimedIterator] = None
         self.history: list = []
         self.target_met_before = False  # resumed from the checkpoint where the run reached eval.target_auc
         self._locks: List[DirLock] = []  # ownership of the run (and checkpoint) directory, rank 0
@@ -362,7 +359,7 @@ class Trainer:
     def _train_iter(self) -> Iterator[Any]:
         cfg, info = self.cfg, self.info
         assert info is not None
-        return _TimedIterator(
+        return TimedIterator(
             data_mod.train_batches(
                 self.train_split,
                 global_batch=self.global_batch,
@@ -410,7 +407,7 @@ class Trainer:
         last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
-        self._fit_first_step = self.step  # the ETA counts this process's steps (a resume starts later)
+        self._window_log = WindowLog(info, self.steps_per_epoch, self.total_steps, self.skip_nonfinite, self.step)
         target_hit = self.target_met_before
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
@@ -515,45 +512,9 @@ class Trainer:
                 info.rank,
                 where,
             )
-        elapsed = stats["elapsed"]
-        rec = {
-            "step": self.step,
-            "epoch": self.step / self.steps_per_epoch,
-            "loss": stats["loss"],
-            "train_auc": stats["auc"],
-            "lr": self.lr,
-            "samples_per_s": stats["samples"] / elapsed,
-            "samples_per_s_per_rank": stats["samples"] / elapsed / info.world_size,
-            "step_ms": 1000.0 * elapsed / stats["steps"],
-            "input_ms": 1000.0 * self._it.take_seconds() / stats["steps"] if self._it is not None else 0.0,
-            "peak_mem_gb": _peak_memory_gb(info.device),
-            "samples": self.samples_seen,
-            "time_s": time.perf_counter() - t_start,
-        }
-        # remaining steps at this process's wall time per step so far (evaluations and saves included)
-        rec["eta_s"] = rec["time_s"] / max(self.step - self._fit_first_step, 1) * (self.total_steps - self.step)
-        if self.skip_nonfinite:
-            rec["skipped_batches"] = stats["skipped_global"]
-        self._windows_logged += 1
-        if rec["input_ms"] > 0.5 * rec["step_ms"] and not self._input_warned and self._windows_logged > 1:
-            self._input_warned = True  # the first window holds the compile and the loader's start
-            log.warning(
-                "the input side took %.1f of each %.1f ms step on rank %d (host time waiting for batches): the "
-                "loader bounds the step; see data.prefetch, data.assemble_on_device, or materialized multi-hot",
-                rec["input_ms"],
-                rec["step_ms"],
-                info.rank,
-            )
-        auc = f"{rec['train_auc']:.4f}" if math.isfinite(rec["train_auc"]) else "n/a"
-        self.metrics.log(
-            rec,
-            (
-                f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {rec['loss']:.5f} | "
-                f"auc(win) {auc} | lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | "
-                f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s | "
-                f"eta {datetime.timedelta(seconds=round(rec['eta_s']))}"
-            ),
-        )
+        input_s = self._it.take_seconds() if self._it is not None else 0.0
+        rec = self._window_log.record(stats, self.step, self.samples_seen, self.lr, input_s, t_start)
+        self.metrics.log(rec, window_line(rec, self.total_steps))
         self.last_train = {
             k: round(v, 6) if isinstance(v, float) else v
             for k, v in rec.items()
@@ -607,40 +568,3 @@ def plan_summary(pi: Any) -> str:
         f"sharding plan ({pi.source}) for {pi.world_size} rank{'s' * (pi.world_size != 1)}: tables {types}; the "
         "plan and step-traffic tables are in train.log and plan.json (logger.verbose=true prints them here)"
     )
-
-
-def _peak_memory_gb(device: torch.device) -> float:
-    """Peak memory of this process in GB: CUDA allocator peak on GPU, peak resident set size on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
-
-
-class _TimedIterator:
-    """The training batches, with the host time spent waiting for each (building it, or for the loader's thread
-    to hand it over): the input side's share of a step, logged as ``input_ms``."""
-
-    def __init__(self, it: Iterator[Any]) -> None:
-        self.it, self.seconds = it, 0.0
-
-    def __iter__(self) -> "_TimedIterator":
-        return self
-
-    def __next__(self) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return next(self.it)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def take_seconds(self) -> float:
-        """Seconds spent since the last call."""
-        s, self.seconds = self.seconds, 0.0
-        return s
-
-    def close(self) -> None:
-        close = getattr(self.it, "close", None)
-        if close is not None:
-            close()  # a generator: its finally stops and joins the prefetch thread (dlrm.data.binary.Prefetcher)
