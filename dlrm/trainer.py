@@ -18,7 +18,6 @@ import time
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from dlrm import data as data_mod
@@ -28,11 +27,9 @@ from dlrm.checkpoint import (
     Checkpointer,
     RunFacts,
     TrainState,
-    checkpoint_root,
 )
 from dlrm.config import Config, to_config
 from dlrm.dist import DistInfo
-from dlrm.errors import ConfigError
 from dlrm.evaluation import Scorer, eval_line, eval_record, final_line
 from dlrm.graphed import GraphedTrainPipeline
 from dlrm.loggers import MetricsLogger, setup_logging
@@ -41,13 +38,16 @@ from dlrm.mlperf_log import MlperfLogger
 from dlrm.model import FEATURE_NAMES
 from dlrm.perf import perf_line
 from dlrm.profiling import StepProfiler
-from dlrm.rundir import DirLock, claim_run, is_storage_fault, storage_error
+from dlrm.rundir import DirLock, is_storage_fault, storage_error
 from dlrm.schedule import lr_at
 from dlrm.sharding import format_plan, save_plan
 from dlrm.startup import (
+    agree_run_dir,
     batching,
     choose_resume,
+    claim_dirs,
     load_data,
+    make_run_dirs,
     planning_config,
     preflight,
     run_length,
@@ -170,24 +170,9 @@ class Trainer:
         it and the sinks' directories, start the log files and the MLPerf log (``init_start``)."""
         cfg, info = self.cfg, self.info
         assert info is not None
-        self.run_dir = self._agree_run_dir(self.run_dir)
-        self._claim_dirs()  # before anything of the run directory is read, removed or written
-        if info.is_main:
-            os.makedirs(self.run_dir, exist_ok=True)
-        # the sinks' own directories now, not after planning; every rank, so none waits on a rank that stopped
-        for key, sub, on in (
-            ("logger.tensorboard.dir", cfg.logger.tensorboard.dir, cfg.logger.tensorboard.enabled),
-            ("logger.mlperf.file", os.path.dirname(cfg.logger.mlperf.file), cfg.logger.mlperf.enabled),
-        ):
-            if not (on and sub):
-                continue
-            path = os.path.join(self.run_dir, sub)
-            try:
-                os.makedirs(path, exist_ok=True)
-            except OSError as e:
-                raise ConfigError(
-                    f"config key `{key}`: cannot make {path} ({e.strerror or e}); give a writable path"
-                ) from None
+        self.run_dir = agree_run_dir(self.run_dir)
+        claim_dirs(cfg, info, self.run_dir, self._locks)  # before anything of it is read, removed or written
+        make_run_dirs(cfg, info, self.run_dir)
         setup_logging(info.rank, self.run_dir, cfg.logger.verbose)
         for lock in self._locks:
             if lock.notice is not None:
@@ -315,45 +300,6 @@ class Trainer:
             if not is_storage_fault(e):
                 raise
             raise storage_error(path, e, None, "free space there, or give hydra.run.dir on a larger disk") from None
-
-    def _claim_dirs(self) -> None:
-        """Own the run directory (and ``checkpoint.dir`` outside it) for this run (:func:`dlrm.rundir.claim_run`):
-        rank 0 decides and every rank raises its verdict together, so no rank waits on a peer that stopped.
-
-        Raises:
-            ConfigError: a live run owns the directory (naming its host, pid and start time), or it, or a
-                ``checkpoint.dir`` this run would save to, cannot be written.
-        """
-        info = self.info
-        assert info is not None
-        ck = self.cfg.checkpoint
-        verdict: Optional[str] = None
-        if info.is_main:
-            saves = bool(ck.every_n_steps) or ck.save_on_sigterm
-            try:
-                self._locks = claim_run(self.run_dir, checkpoint_root(ck, self.run_dir), saves, os.environ)
-            except ConfigError as e:
-                verdict = str(e)
-        if dist.is_initialized() and info.world_size > 1:
-            box = [verdict]
-            dist.broadcast_object_list(box, src=0)
-            verdict = box[0]
-        if verdict is not None:
-            raise ConfigError(verdict)
-
-    def _agree_run_dir(self, run_dir: str) -> str:
-        """Use rank 0's run directory everywhere; remove the empty one another rank's Hydra made (its
-        timestamp can differ by a second)."""
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return run_dir
-        obj = [run_dir]
-        dist.broadcast_object_list(obj, src=0)
-        if obj[0] != run_dir and os.path.isdir(run_dir):
-            try:
-                os.rmdir(run_dir)
-            except OSError:
-                pass
-        return obj[0]
 
     # ------------------------------------------------------------------------------------------------ train
     def _train_iter(self) -> Iterator[Any]:
