@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -343,18 +343,39 @@ class Trainer:
         """
         if self.info is None:
             self.setup()
+        assert self.info is not None and self.metrics is not None
+        it, win, t_start = self._start_fit()
+        last_val: Dict[str, Any] = {}
+        target_hit = self.target_met_before
+        while self.step < self.total_steps and not target_hit:
+            self._train_step(it, win)
+            if self._at_log_step():
+                self._log_window(win, t_start)
+            if self._eval_due():
+                last_val, target_hit = self._validate(win, t_start)
+                if target_hit:
+                    break
+            # checkpoint: periodic save; SIGTERM saves and ends the run; never a diverged state
+            if self.ckpt.after_step(self.state, before_save=lambda: self._check_finite(win)):
+                self.metrics.log_line(self.ckpt.preempt_message or "")
+                return last_val
+        self._finish(win, t_start, target_hit)
+        if last_val and self.info.is_main:
+            self.metrics.log_line(final_line(last_val, self.step, time.perf_counter() - t_start))
+        return last_val
+
+    def _start_fit(self) -> Tuple[TimedIterator, MetricWindow, float]:
+        """Open the training batches, restart the metric window's clock, start MLPerf's timed run and the
+        profiler. Returns the batches, the window and the run's clock (``time.perf_counter`` at the start)."""
         cfg, info = self.cfg, self.info
-        assert info is not None and self.metrics is not None
+        assert info is not None
         it = self._it = self._train_iter()
-        every = cfg.logger.log_every_n_steps
         win = self.state.window  # a resumed run's holds the unlogged steps of its checkpoint
         assert win is not None
         win.restart_clock()
-        last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
         self._window_log = WindowLog(info, self.steps_per_epoch, self.total_steps, self.skip_nonfinite, self.step)
-        target_hit = self.target_met_before
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
         self.model.train()
@@ -367,66 +388,85 @@ class Trainer:
             cfg.profile_wait_steps,
             cfg.profile_steps,
         )
-        while self.step < self.total_steps and not target_hit:
-            self.profiler.begin_step(self.step + 1)
-            out = self.pipeline.progress(it)
-            self.profiler.end_step()
-            self.lr = lr_at(self.step, cfg.optimizer.lr, cfg.optimizer)  # the dense rate this step used
-            self.scheduler.step()
-            loss, logits, labels = out[0], out[1], out[2]
-            self.step += 1
-            n = int(labels.shape[0]) * info.world_size
-            self.samples_seen += n
-            win.add(loss, logits, labels, out[3] if len(out) > 3 else None, n)
-            self.metrics.advance()
-            if self.step % every == 0 or self.step == self.total_steps:
-                self._log_window(win, t_start)
-            due = (self.eval_every and self.step % self.eval_every == 0) or (
-                cfg.eval.at_end and self.step == self.total_steps
-            )
-            if due:
-                self._check_finite(win)
-                epoch_num = self.step / self.steps_per_epoch
-                self.mlperf.block_stop(epoch_num, self.samples_seen)
-                win.pause_clock()  # evaluation time is not training time
-                last_val = self.evaluate()
-                target = cfg.eval.target_auc
-                # a histogram AUC counts as reached only if the exact one must be: a success MLPerf would accept
-                if target is not None and last_val["val_auc"] - last_val["val_auc_bound"] >= target:
-                    target_hit = True
-                    self.state.target_auc_reached = last_val["val_auc"] - last_val["val_auc_bound"]
-                    msg = (
-                        f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
-                        f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
-                        f"{time.perf_counter() - t_start:.1f}s"
-                    )
-                    log.info(msg)
-                    self.metrics.log(
-                        {"step": self.step, "samples": self.samples_seen, "target_auc": target, "target_reached": True},
-                        msg,
-                        kind="val",
-                    )
-                    break
-                if self.step < self.total_steps:
-                    self.mlperf.block_start(epoch_num, self.samples_seen)
-                win.resume_clock()
-            # checkpoint: periodic save; SIGTERM saves and ends the run; never a diverged state
-            if self.ckpt.after_step(self.state, before_save=lambda: self._check_finite(win)):
-                self.metrics.log_line(self.ckpt.preempt_message or "")
-                return last_val
-        # MLPerf's timed run ends with the training; the final checkpoint and the test split come after it
-        self.mlperf.run_stop(success=target_hit or cfg.eval.target_auc is None, samples=self.samples_seen)
+        return it, win, t_start
+
+    def _train_step(self, it: TimedIterator, win: MetricWindow) -> None:
+        """One optimizer step through the pipeline; then the LR schedule, the step and sample counts and the
+        metric window."""
+        cfg, info = self.cfg, self.info
+        assert info is not None and self.metrics is not None
+        self.profiler.begin_step(self.step + 1)
+        out = self.pipeline.progress(it)
+        self.profiler.end_step()
+        self.lr = lr_at(self.step, cfg.optimizer.lr, cfg.optimizer)  # the dense rate this step used
+        self.scheduler.step()
+        loss, logits, labels = out[0], out[1], out[2]
+        self.step += 1
+        n = int(labels.shape[0]) * info.world_size
+        self.samples_seen += n
+        win.add(loss, logits, labels, out[3] if len(out) > 3 else None, n)
+        self.metrics.advance()
+
+    def _at_log_step(self) -> bool:
+        """Whether the step just taken ends a log window (``logger.log_every_n_steps``, and the last step)."""
+        return self.step % self.cfg.logger.log_every_n_steps == 0 or self.step == self.total_steps
+
+    def _eval_due(self) -> bool:
+        """Whether a validation is due after the step just taken (``eval.every_n_steps``, ``eval.at_end``)."""
+        return bool(self.eval_every and self.step % self.eval_every == 0) or (
+            self.cfg.eval.at_end and self.step == self.total_steps
+        )
+
+    def _validate(self, win: MetricWindow, t_start: float) -> Tuple[Dict[str, Any], bool]:
+        """Validate after the step just taken, outside the training clock and MLPerf's training block. Returns the
+        validation record and whether it reached ``eval.target_auc`` (the run stops there)."""
+        self._check_finite(win)
+        epoch_num = self.step / self.steps_per_epoch
+        self.mlperf.block_stop(epoch_num, self.samples_seen)
+        win.pause_clock()  # evaluation time is not training time
+        last_val = self.evaluate()
+        if self._target_reached(last_val, epoch_num, t_start):
+            return last_val, True
+        if self.step < self.total_steps:
+            self.mlperf.block_start(epoch_num, self.samples_seen)
+        win.resume_clock()
+        return last_val, False
+
+    def _target_reached(self, last_val: Dict[str, Any], epoch_num: float, t_start: float) -> bool:
+        """Whether the validation record ``last_val`` reached ``eval.target_auc``; if so, log it and keep it in the
+        checkpoint's state."""
+        assert self.metrics is not None
+        target = self.cfg.eval.target_auc
+        # a histogram AUC counts as reached only if the exact one must be: a success MLPerf would accept
+        if target is None or last_val["val_auc"] - last_val["val_auc_bound"] < target:
+            return False
+        self.state.target_auc_reached = last_val["val_auc"] - last_val["val_auc_bound"]
+        msg = (
+            f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
+            f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
+            f"{time.perf_counter() - t_start:.1f}s"
+        )
+        log.info(msg)
+        self.metrics.log(
+            {"step": self.step, "samples": self.samples_seen, "target_auc": target, "target_reached": True},
+            msg,
+            kind="val",
+        )
+        return True
+
+    def _finish(self, win: MetricWindow, t_start: float, target_hit: bool) -> None:
+        """After the last step: end MLPerf's timed run (the final checkpoint and the test split come after it) and
+        the profiler, check the graphed pipeline's bag sizes, log an early stop's partial window, save the last
+        step's checkpoint, and score the test split."""
+        self.mlperf.run_stop(success=target_hit or self.cfg.eval.target_auc is None, samples=self.samples_seen)
         self.profiler.close()
         if isinstance(self.pipeline, GraphedTrainPipeline):
             self.pipeline.check_bag_sizes()
-        if target_hit and not self.target_met_before and not (self.step % every == 0 or self.step == self.total_steps):
+        if target_hit and not self.target_met_before and not self._at_log_step():
             self._log_window(win, t_start)  # the early stop's partial window (the loop logs the others)
         self.ckpt.at_end(self.state)  # checkpoint: the last step, if an early stop skipped its periodic save
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
-        if last_val and info.is_main:
-            self.metrics.log_line(final_line(last_val, self.step, time.perf_counter() - t_start))
-        return last_val
 
     def _nonfinite(self, step: int) -> FloatingPointError:
         """The error for a non-finite training loss first seen at ``step`` (1-based)."""
