@@ -23,6 +23,7 @@ import torch
 
 from dlrm.config import compose, error_line, output_file_problem, to_config
 from dlrm.errors import InputError
+from dlrm.rundir import report_unwritable
 
 
 def predict(model: torch.nn.Module, split, batch_size: int, multi_hot) -> tuple:  # type: ignore[no-untyped-def]
@@ -97,8 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        print(f"error: OUT {args.out!r}: cannot be written ({e.strerror}); pass another path", file=sys.stderr)
-        return 2
+        return report_unwritable("OUT", args.out, e.strerror)
     print(f"{args.model}: {len(probs):,} {args.split} rows scored -> {args.out}")
     return 0
 

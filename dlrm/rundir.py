@@ -40,6 +40,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -303,6 +304,18 @@ def make_dir(path: str, what: str, fix: str, error: type = InputError) -> None:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise error(f"{what} ({e.strerror or e}); {fix}") from None
+
+
+def report_unwritable(label: str, path: str, reason: object) -> int:
+    """Print a command's one ``error:`` line for an output file ``path`` that could not be written, on stderr;
+    returns the exit status for it, 2.
+
+    Args:
+        label: how the command line names the file (``OUT``, ``config key `out`:``).
+        reason: why, in the system's words (an ``OSError``'s ``strerror``).
+    """
+    print(f"error: {label} {path!r}: cannot be written ({reason}); pass another path", file=sys.stderr)
+    return 2
 
 
 def free_bytes(path: str) -> Optional[int]:
