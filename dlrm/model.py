@@ -73,6 +73,8 @@ class _ToFeatureOrder(torch.autograd.Function):
 
 
 BlockOrder = Tuple[torch.Tensor, torch.Tensor, int]  # (rows, inv_rows, grad_divisor): see _FromRankBlocks
+# how pooled embeddings arrive (to_feature_order); None: already in feature order
+Order = Optional[Union[FeatureOrder, BlockOrder]]
 
 
 class _FromRankBlocks(torch.autograd.Function):
@@ -105,7 +107,7 @@ class _FromRankBlocks(torch.autograd.Function):
         return (g / ctx.grad_divisor if ctx.grad_divisor != 1 else g), None, None, None
 
 
-def to_feature_order(values: torch.Tensor, order: Optional[Union[FeatureOrder, BlockOrder]]) -> torch.Tensor:
+def to_feature_order(values: torch.Tensor, order: Order) -> torch.Tensor:
     """Pooled embeddings in a sharded output's layout -> ``[B, F, D]`` in feature order (``order`` from
     :meth:`ZeroCopySparseArch.forward` with ``in_key_order=True``): ``values`` ``[B, F, D]`` in key order with
     ``order`` ``(pos, inv)``, or ``[B, F * D]`` in rank-block layout with ``order`` ``(rows, inv_rows,
@@ -133,7 +135,7 @@ class ZeroCopySparseArch(SparseArch):
 
     def forward(  # type: ignore[override]
         self, features: KeyedJaggedTensor, in_key_order: bool = False
-    ) -> Union[torch.Tensor, Tuple[torch.Tensor, Optional[Union[FeatureOrder, BlockOrder]]]]:
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, Order]]:
         """Look up ``features`` (a KJT of the model's features, batch ``B``) and pool them.
 
         Returns:
@@ -283,9 +285,7 @@ class DLRMTrainAutocast(DLRMTrain):
         self.compiled_step: Optional[Callable[..., Tuple[torch.Tensor, ...]]] = None  # set by compile_dense
         self.compiled_parts: List[str] = []
 
-    def dense_logits(
-        self, dense: torch.Tensor, embedded: torch.Tensor, order: Optional[Union[FeatureOrder, BlockOrder]] = None
-    ) -> torch.Tensor:
+    def dense_logits(self, dense: torch.Tensor, embedded: torch.Tensor, order: Order = None) -> torch.Tensor:
         """float32 logits ``[B]`` from dense features ``[B, 13]`` and pooled embeddings ``[B, F, D]`` (in feature
         order, or in another order or layout given by ``order``: :func:`to_feature_order`)."""
         net = self.model
@@ -300,11 +300,7 @@ class DLRMTrainAutocast(DLRMTrain):
         return out.squeeze(-1).float()
 
     def dense_step(
-        self,
-        dense: torch.Tensor,
-        embedded: torch.Tensor,
-        labels: torch.Tensor,
-        order: Optional[Union[FeatureOrder, BlockOrder]] = None,
+        self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor, order: Order = None
     ) -> Tuple[torch.Tensor, ...]:
         """``(loss, logits, labels)``: everything after the lookup; the part :func:`dlrm.perf.compile_dense`
         compiles."""
@@ -343,11 +339,7 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
     """
 
     def dense_step(
-        self,
-        dense: torch.Tensor,
-        embedded: torch.Tensor,
-        labels: torch.Tensor,
-        order: Optional[Union[FeatureOrder, BlockOrder]] = None,
+        self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor, order: Order = None
     ) -> Tuple[torch.Tensor, ...]:
         """``(loss, logits, labels, ok)``: ``ok`` a bool scalar, true when every dense feature is finite and every
         label 0 or 1; non-finite dense features and other labels are replaced by 0 (labels float32 ``[B]``), and
