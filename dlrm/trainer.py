@@ -58,6 +58,23 @@ from dlrm.traffic import model_traffic, traffic_report
 log = logging.getLogger(__name__)
 
 
+class _StateField:
+    """A :class:`Trainer` attribute kept in its :class:`~dlrm.checkpoint.TrainState` (what a checkpoint restores),
+    under the same name."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Optional[type] = None) -> Any:
+        return self if obj is None else getattr(obj.state, self.name)
+
+    def __set__(self, obj: Any, value: int) -> None:
+        setattr(obj.state, self.name, value)
+
+
 class Trainer:
     """Owns one run. Call :meth:`fit`; :meth:`close` runs on every exit path (``train.py`` uses try/finally).
 
@@ -78,23 +95,8 @@ class Trainer:
         self.target_met_before = False  # resumed from the checkpoint where the run reached eval.target_auc
         self._locks: List[DirLock] = []  # ownership of the run (and checkpoint) directory, rank 0
 
-    @property
-    def step(self) -> int:
-        """Optimizer steps done."""
-        return self.state.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.state.step = value
-
-    @property
-    def samples_seen(self) -> int:
-        """Training samples over all ranks so far."""
-        return self.state.samples_seen
-
-    @samples_seen.setter
-    def samples_seen(self, value: int) -> None:
-        self.state.samples_seen = value
+    step = _StateField("Optimizer steps done.")
+    samples_seen = _StateField("Training samples over all ranks so far.")
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
