@@ -1,6 +1,7 @@
 """Build the training stack from the config: model, plan and DMP, the ``perf.*`` levers, the optimizers, the LR
 schedule and the pipeline (:func:`build_training`), exactly as :class:`dlrm.trainer.Trainer` runs them; the step
 benchmarks (``bench/throughput.py``) time this same stack and swap one piece of it through :class:`BuildHooks`.
+:func:`log_built` logs what was built: the model, the perf levers, the plan and its step traffic.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torchrec.distributed import DistributedModelParallel
@@ -21,10 +22,11 @@ from dlrm.errors import ConfigError
 from dlrm.graphed import check_graphed, use_capture_stream
 from dlrm.model import FEATURE_NAMES, DLRMTrain, build_model, table_configs
 from dlrm.offload import offload_constraints
-from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_device, compile_dense
+from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_device, compile_dense, perf_line
 from dlrm.pipeline import build_pipeline
 from dlrm.schedule import make_scheduler
-from dlrm.sharding import dense_optimizer, fused_params_of, seed_tables, shard, sharding_types_of
+from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, seed_tables, shard, sharding_types_of
+from dlrm.traffic import model_traffic, traffic_report
 
 log = logging.getLogger("dlrm.trainer")  # the trainer's build: its lines keep the trainer's logger name
 
@@ -153,3 +155,43 @@ def _check_planned(cfg: Config, info: DistInfo, plan: ShardingPlan) -> None:
             f"only, but optimizer.sparse_type={cfg.optimizer.sparse_type}; use optimizer.sparse_type=adagrad, a "
             "plan without data_parallel tables, or pipeline=sparse_dist"
         )
+
+
+def log_built(cfg: Config, info: DistInfo, built: Built, batch_size: int) -> None:
+    """Log the model, the perf levers, and on rank 0 the plan (a summary line; the tables at detail level) and its
+    step traffic for ``batch_size`` samples per rank (:func:`dlrm.traffic.model_traffic`)."""
+    n_params = sum(p.numel() for p in built.unsharded.parameters())
+    log.info(
+        "model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
+        cfg.model.name,
+        cfg.model.interaction,
+        n_params / 1e6,
+        info.world_size,
+        info.device,
+        info.backend,
+    )
+    log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
+    if info.is_main:
+        log.info("%s", plan_summary(built.model.plan_info))
+        log.info("%s", format_plan(built.model.plan_info), extra={"detail": True})
+        traffic = model_traffic(
+            cfg,
+            built.plan,
+            built.unsharded,
+            world_size=info.world_size,
+            local_world_size=info.local_world_size,
+            batch_size=batch_size,
+        )
+        log.info("%s", traffic_report(traffic, info.device.type), extra={"detail": True})
+
+
+def plan_summary(pi: Any) -> str:
+    """One line for stdout: the tables per sharding type and kernel, and where the full plan is."""
+    kinds: Dict[str, set] = {}
+    for sh in pi.shards:
+        kinds.setdefault(f"{sh['sharding_type']} {sh['compute_kernel']}", set()).add(sh["table"])
+    types = ", ".join(f"{len(t)} {k}" for k, t in sorted(kinds.items(), key=lambda kv: -len(kv[1])))
+    return (
+        f"sharding plan ({pi.source}) for {pi.world_size} rank{'s' * (pi.world_size != 1)}: tables {types}; the "
+        "plan and step-traffic tables are in train.log and plan.json (logger.verbose=true prints them here)"
+    )

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dlrm import data as data_mod
 from dlrm.build import BuildHooks as BuildHooks  # the benchmarks' import
-from dlrm.build import Built, build_training
+from dlrm.build import build_training, log_built
 from dlrm.checkpoint import (
     Checkpointer,
     RunFacts,
@@ -36,11 +36,10 @@ from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import MetricWindow
 from dlrm.mlperf_log import MlperfLogger
 from dlrm.model import FEATURE_NAMES
-from dlrm.perf import perf_line
 from dlrm.profiling import StepProfiler
 from dlrm.rundir import DirLock, is_storage_fault, storage_error
 from dlrm.schedule import lr_at
-from dlrm.sharding import format_plan, save_plan
+from dlrm.sharding import save_plan
 from dlrm.startup import (
     agree_run_dir,
     batching,
@@ -53,7 +52,6 @@ from dlrm.startup import (
     run_length,
 )
 from dlrm.step_log import TimedIterator, WindowLog, window_line
-from dlrm.traffic import model_traffic, traffic_report
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +157,16 @@ class Trainer:
         )
         self.model, self.plan, self.optimizer = built.model, built.plan, built.optimizer
         self.scheduler, self.pipeline = built.scheduler, built.pipeline
-        self._log_build(built)
+        log_built(cfg, info, built, b.batch_size)
+        log.info(
+            "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
+            b.batch_size,
+            b.global_batch,
+            n.steps_per_epoch,
+            n.total_steps,
+            n.eval_every or "(end only)",
+            self.run_dir,
+        )
         self._open_metrics(resolved)
         self._resume(resume_from)
         self._write_run_files(resolved)
@@ -181,43 +188,6 @@ class Trainer:
                 log.log(*lock.notice)
         self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
         self.mlperf.init_start()
-
-    def _log_build(self, built: Built) -> None:
-        """Log the model, the perf levers, the plan and its traffic (rank 0), and the batch and run length."""
-        cfg, info = self.cfg, self.info
-        assert info is not None
-        n_params = sum(p.numel() for p in built.unsharded.parameters())
-        log.info(
-            "model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
-            cfg.model.name,
-            cfg.model.interaction,
-            n_params / 1e6,
-            info.world_size,
-            info.device,
-            info.backend,
-        )
-        log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
-        if info.is_main:
-            log.info("%s", plan_summary(self.model.plan_info))
-            log.info("%s", format_plan(self.model.plan_info), extra={"detail": True})
-            traffic = model_traffic(
-                cfg,
-                self.plan,
-                built.unsharded,
-                world_size=info.world_size,
-                local_world_size=info.local_world_size,
-                batch_size=self.batch_size,
-            )
-            log.info("%s", traffic_report(traffic, info.device.type), extra={"detail": True})
-        log.info(
-            "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
-            self.batch_size,
-            self.global_batch,
-            self.steps_per_epoch,
-            self.total_steps,
-            self.eval_every or "(end only)",
-            self.run_dir,
-        )
 
     def _open_metrics(self, resolved: Any) -> None:
         """Start ``metrics.jsonl`` and the other metric sinks; log the MLPerf hyperparameters."""
@@ -544,15 +514,3 @@ class Trainer:
             for lock in self._locks:  # last: the run's files are complete
                 lock.release()
             self._locks = []
-
-
-def plan_summary(pi: Any) -> str:
-    """One line for stdout: the tables per sharding type and kernel, and where the full plan is."""
-    kinds: Dict[str, set] = {}
-    for sh in pi.shards:
-        kinds.setdefault(f"{sh['sharding_type']} {sh['compute_kernel']}", set()).add(sh["table"])
-    types = ", ".join(f"{len(t)} {k}" for k, t in sorted(kinds.items(), key=lambda kv: -len(kv[1])))
-    return (
-        f"sharding plan ({pi.source}) for {pi.world_size} rank{'s' * (pi.world_size != 1)}: tables {types}; the "
-        "plan and step-traffic tables are in train.log and plan.json (logger.verbose=true prints them here)"
-    )
