@@ -32,11 +32,11 @@ import torch.distributed as dist
 from bench import ids as bench_ids
 from bench import pipeline_ab as ab
 from bench.throughput import BASE, GRAPHED_ELEMENTWISE, SMOKE_BASE
+from dlrm.build import build_training
 from dlrm.config import compose, to_config
 from dlrm.dist import init_distributed
 from dlrm.graphed import GraphedTrainPipeline
 from dlrm.metrics import EvalAccumulator
-from dlrm.trainer import build_training
 
 
 def _pass(forward: Any, batches: List[Any], n: int, device: torch.device, metrics: bool = True) -> float:

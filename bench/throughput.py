@@ -23,11 +23,11 @@ Variants (``--variants``):
              row-wise Adagrad fused into the TBE backward (the reference trains element-wise; row-wise is the
              faster, so ratios to it are the conservative ones).
   stock_elementwise  the same with element-wise Adagrad (FBGEMM EXACT_ADAGRAD), the reference's table optimizer.
-  others     the trainer's own stack, built by ``dlrm.trainer.build_training`` from the composed config
+  others     the trainer's own stack, built by ``dlrm.build.build_training`` from the composed config
              ``BASE + LEVERS[name]`` (see ``LEVERS`` below), and timed as ``Trainer.fit`` steps: ``pipeline.progress``,
              the LR scheduler step, and the metric window (one host sync per ``--log-every`` steps, with the
              windowed train AUC). ``HOOKS[name]`` swaps one piece of the build through
-             ``dlrm.trainer.BuildHooks`` (an A/B of a code change, not of a config key); ``PIPELINE_ARGS[name]``
+             ``dlrm.build.BuildHooks`` (an A/B of a code change, not of a config key); ``PIPELINE_ARGS[name]``
              builds ``pipeline=graphed`` with other arguments (``fast_graphed_elementwise_ids_all_to_all``: the
              several-rank graph, ids all-to-all and dense all-reduce included, on any number of ranks).
 Variants are built one after another and freed (two capped models plus compiled graphs would not all fit at
@@ -72,12 +72,12 @@ import torch.distributed as dist
 from bench import ids as bench_ids
 from bench import pipeline_ab as ab
 from dlrm import torchrec_compat as compat
+from dlrm.build import BuildHooks, build_training
 from dlrm.config import compose, to_config
 from dlrm.dist import DistInfo, init_distributed
 from dlrm.graphed import GraphedTrainPipeline
 from dlrm.metrics import MetricWindow
 from dlrm.model import DLRMTrain
-from dlrm.trainer import BuildHooks, build_training
 
 # The MLPerf DLRM-v2 model at the stock baseline's size (tables capped at 4 M rows, row-wise Adagrad); lr is the
 # MLPerf value for global batch 65,536 (it only sets the magnitude of the updates).
@@ -145,7 +145,7 @@ def _torchrec_sparse_arch(model: DLRMTrain) -> None:
     net.sparse_arch = SparseArch(net.sparse_arch.embedding_bag_collection)
 
 
-# variant -> the piece of the trainer's build it swaps (dlrm.trainer.BuildHooks)
+# variant -> the piece of the trainer's build it swaps (dlrm.build.BuildHooks)
 HOOKS: Dict[str, BuildHooks] = {
     "fast_torchrec_sparse_arch": BuildHooks(model=_torchrec_sparse_arch),
 }

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from dlrm.config import CONF_DIR, compose, error_line, register_configs
 from dlrm.dist import env_int
 from dlrm.errors import InputError
-from dlrm.rundir import LOCK_NAME, probe
+from dlrm.rundir import LOCK_NAME, make_dir, probe
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
 OUTPUT_ROOT_ENV = "DLRM_OUTPUT_ROOT"
@@ -146,12 +146,7 @@ def check_run_dir(argv: Sequence[str], overrides: Sequence[str], env: Mapping[st
     new = "${" in path or not (given or made) or not os.path.exists(fixed)
     if os.path.exists(fixed) and not os.path.isdir(fixed):
         raise InputError(f"{where}: the run directory {fixed} is a file; give a directory")
-    try:
-        os.makedirs(fixed, exist_ok=True)
-    except OSError as e:
-        raise InputError(
-            f"{where}: cannot make the run directory {fixed} ({e.strerror or e}); give a writable directory"
-        ) from None
+    make_dir(fixed, f"{where}: cannot make the run directory {fixed}", "give a writable directory")
     if "${" not in path:  # a live run of another job owns it: refuse before Hydra rewrites its .hydra/
         probe(fixed, "hydra.run.dir", env)
     return new

@@ -43,7 +43,7 @@ from dlrm.checkpoint import (
 )
 from dlrm.config import ModelConfig
 from dlrm.errors import InputError
-from dlrm.writable import output_file_problem
+from dlrm.writable import output_file_problem, report_unwritable
 
 FORMAT = "dlrm-export/1"
 
@@ -261,8 +261,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not existed and os.path.isfile(args.out):
             with contextlib.suppress(OSError):
                 os.remove(args.out)  # a truncated .pt that torch.load would fail on later
-        print(f"error: OUT {args.out!r}: cannot be written ({_save_error(e)}); pass another path", file=sys.stderr)
-        return 2
+        return report_unwritable("OUT", args.out, _save_error(e))
     n = sum(v.numel() for v in sd.values())
     print(f"exported {path}: {len(sd)} tensors, {n / 1e6:.2f} M parameters -> {args.out}")
     return 0

@@ -351,15 +351,8 @@ class MetricsLogger:
 
     def close(self) -> None:
         """Close the progress bar, TensorBoard writer, wandb run and ``metrics.jsonl``; a second call does nothing."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        for name, finish in (("_bar", "close"), ("_tb", "close"), ("_wandb", "finish"), ("_f", "close")):
+            sink = getattr(self, name)
+            if sink is not None:
+                getattr(sink, finish)()
+                setattr(self, name, None)

@@ -7,10 +7,9 @@ MLPerf model never exists whole on one host); ``dense_device`` holds the MLPs.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 from torchrec import EmbeddingBagCollection
@@ -21,8 +20,10 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm import torchrec_compat as compat
+from dlrm.batch_check import BatchError as BatchError  # where dlrm.graphed and callers import it
+from dlrm.batch_check import check_batch
 from dlrm.config import NUM_DENSE_FEATURES, ModelConfig, PerfConfig
-from dlrm.errors import ConfigError, InputError
+from dlrm.errors import ConfigError
 from dlrm.output_dist import RANK_BLOCKS_ATTR, accepting_rank_blocks
 
 log = logging.getLogger(__name__)
@@ -30,156 +31,6 @@ log = logging.getLogger(__name__)
 # Criteo's categorical columns C1..C26; one KJT key and one table ("t_cat_i") per feature, as torchrec's
 # Criteo dataset names them.
 FEATURE_NAMES: List[str] = [f"cat_{i}" for i in range(26)]
-
-
-class BatchError(InputError):
-    """A batch handed to the model does not fit it; the message names the field, the expected sizes and, where
-    one is at fault, the feature and sample."""
-
-
-def _listed(names: Sequence[str], limit: int = 6) -> str:
-    names = list(names)
-    if len(names) <= limit:
-        return ", ".join(names)
-    return f"{', '.join(names[:limit])}, ... ({len(names)} in all)"
-
-
-def _check_keys(keys: List[str], names: List[str]) -> None:
-    if keys == names:
-        return
-    span = ", ".join(names) if len(names) <= 4 else f"{names[0]}, {names[1]}, ..., {names[-1]}"
-    expected = f"keys must be the model's {len(names)} features {span}, each once, in that order"
-    known, given = set(names), set(keys)
-    missing = [n for n in names if n not in given]
-    extra = [k for k in keys if k not in known]
-    if missing or extra:
-        parts = ([f"lacks feature(s) {_listed(missing)}"] if missing else []) + (
-            [f"has key(s) the model does not have: {_listed(extra)}"] if extra else []
-        )
-        raise BatchError(f"batch: sparse_features {' and '.join(parts)}; {expected}")
-    repeated = sorted(k for k, c in collections.Counter(keys).items() if c > 1)
-    if repeated:
-        raise BatchError(f"batch: sparse_features repeats key(s) {_listed(repeated)}; {expected}")
-    i = next(i for i, (k, n) in enumerate(zip(keys, names)) if k != n)
-    raise BatchError(
-        f"batch: sparse_features keys are out of order: key {i} is {keys[i]} where the model has {names[i]}; {expected}"
-    )
-
-
-def _first_negative(steps: torch.Tensor, names: List[str], b: int, what: str) -> None:
-    """Raise when ``steps`` (``[F * B]``, feature-major) has a negative entry; ``what`` formats ``{v}`` (the
-    entry) and ``{s}`` (its sample) after the feature's name."""
-    negative = steps < 0
-    if bool(negative.any()):
-        i = int(negative.to(torch.uint8).argmax())
-        raise BatchError(f"batch: feature {names[i // b]} {what.format(v=int(steps[i]), s=i % b)}")
-
-
-def check_batch(batch: Batch, feature_names: Sequence[str], num_dense: int = NUM_DENSE_FEATURES) -> None:
-    """Check that ``batch`` fits a model over the sparse features ``feature_names`` and ``num_dense`` dense
-    features; :meth:`DLRMTrainAutocast.forward` calls it on every batch (outside TorchRec's fx trace).
-
-    ``B`` is the number of rows of ``dense_features``. Checked always (sizes, shapes and keys: no tensor's
-    values are read, so no host-device sync):
-
-    * ``dense_features`` is ``[B, num_dense]``, ``labels`` is ``[B]``;
-    * ``sparse_features`` is a ``KeyedJaggedTensor`` whose keys are ``feature_names`` (each once, in order),
-      with one batch size for all features, equal to ``B``;
-    * its lengths (where given) number ``F * B`` and its offsets (where given) ``F * B + 1``, feature-major.
-
-    Checked only where the lengths or offsets are on the CPU (their values are read: on an accelerator that is
-    a host-device sync, so there these checks are skipped; call this on a batch before it is copied to the
-    device to have them):
-
-    * lengths are non-negative; offsets start at 0 and never decrease (one list over all features, not one
-      per feature);
-    * lengths and offsets agree where both are given;
-    * ``sum(lengths)`` (or the last offset) equals the number of values.
-
-    Raises:
-        BatchError: the first check that fails, naming the field, the expected sizes and the feature.
-    """
-    names = list(feature_names)
-    dense, labels, kjt = batch.dense_features, batch.labels, batch.sparse_features
-    if not isinstance(dense, torch.Tensor) or dense.dim() != 2 or dense.size(1) != num_dense:
-        shape = list(dense.shape) if isinstance(dense, torch.Tensor) else type(dense).__name__
-        raise BatchError(
-            f"batch: dense_features has shape {shape}; expected [B, {num_dense}] (one row of {num_dense} dense "
-            "features per sample)"
-        )
-    b = dense.size(0)
-    if not isinstance(labels, torch.Tensor) or tuple(labels.shape) != (b,):
-        shape = list(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
-        raise BatchError(
-            f"batch: labels has shape {shape}; expected [{b}] (one label per sample: dense_features has {b} rows)"
-        )
-    if not isinstance(kjt, KeyedJaggedTensor):
-        raise BatchError(
-            f"batch: sparse_features is a {type(kjt).__name__}; expected a torchrec KeyedJaggedTensor with keys "
-            f"{_listed(names)}"
-        )
-    _check_keys(list(kjt.keys()), names)
-    f, n = len(names), len(names) * b
-    lengths, offsets, values = kjt.lengths_or_none(), kjt.offsets_or_none(), kjt.values()
-    if lengths is None and offsets is None:
-        raise BatchError("batch: sparse_features has neither lengths nor offsets")
-    if kjt.variable_stride_per_key():
-        raise BatchError(
-            f"batch: sparse_features has a batch size per feature (variable stride); expected {b} samples for "
-            "every feature"
-        )
-    if lengths is not None and lengths.numel() != n:
-        raise BatchError(
-            f"batch: sparse_features has {lengths.numel()} lengths; expected {f} features x {b} samples = {n} "
-            "(one length per feature and sample, feature-major)"
-        )
-    if offsets is not None and offsets.numel() != n + 1:
-        raise BatchError(
-            f"batch: sparse_features has {offsets.numel()} offsets; expected {f} features x {b} samples + 1 = "
-            f"{n + 1} (one non-decreasing list over all features, starting at 0)"
-        )
-    if kjt.stride() != b:
-        raise BatchError(
-            f"batch: sparse_features has stride {kjt.stride()}; expected {b} (dense_features has {b} rows)"
-        )
-    lengths = lengths if lengths is not None and lengths.device.type == "cpu" else None
-    offsets = offsets if offsets is not None and offsets.device.type == "cpu" else None
-    if lengths is not None:
-        _first_negative(lengths, names, b, "has a negative length ({v} at sample {s}); lengths must be >= 0")
-    if offsets is not None:
-        start = int(offsets[0])
-        if start != 0:
-            raise BatchError(
-                f"batch: sparse_features offsets start at {start}; expected 0 (one non-decreasing list over all "
-                "features)"
-            )
-        steps = offsets[1:] - offsets[:-1]
-        _first_negative(
-            steps,
-            names,
-            b,
-            "has offsets that decrease ({v} at sample {s}); offsets must be one non-decreasing list over all features",
-        )
-        if lengths is not None:
-            differ = steps != lengths
-            if bool(differ.any()):
-                i = int(differ.to(torch.uint8).argmax())
-                raise BatchError(
-                    f"batch: feature {names[i // b]} has length {int(lengths[i])} at sample {i % b} where its "
-                    f"offsets differ by {int(steps[i])}; offsets must be 0 followed by the running sum of lengths"
-                )
-        elif int(offsets[-1]) != values.numel():
-            raise BatchError(
-                f"batch: sparse_features has {values.numel()} values; its offsets end at {int(offsets[-1])} "
-                "(the last offset must equal len(values))"
-            )
-    if lengths is not None:
-        total = int(lengths.sum())
-        if total != values.numel():
-            raise BatchError(
-                f"batch: sparse_features has {values.numel()} values; its lengths sum to {total} "
-                "(sum(lengths) must equal len(values))"
-            )
 
 
 META = torch.device("meta")  # where the tables are built: DMP materialises each shard on its owner
@@ -222,6 +73,8 @@ class _ToFeatureOrder(torch.autograd.Function):
 
 
 BlockOrder = Tuple[torch.Tensor, torch.Tensor, int]  # (rows, inv_rows, grad_divisor): see _FromRankBlocks
+# how pooled embeddings arrive (to_feature_order); None: already in feature order
+Order = Optional[Union[FeatureOrder, BlockOrder]]
 
 
 class _FromRankBlocks(torch.autograd.Function):
@@ -254,7 +107,7 @@ class _FromRankBlocks(torch.autograd.Function):
         return (g / ctx.grad_divisor if ctx.grad_divisor != 1 else g), None, None, None
 
 
-def to_feature_order(values: torch.Tensor, order: Optional[Union[FeatureOrder, BlockOrder]]) -> torch.Tensor:
+def to_feature_order(values: torch.Tensor, order: Order) -> torch.Tensor:
     """Pooled embeddings in a sharded output's layout -> ``[B, F, D]`` in feature order (``order`` from
     :meth:`ZeroCopySparseArch.forward` with ``in_key_order=True``): ``values`` ``[B, F, D]`` in key order with
     ``order`` ``(pos, inv)``, or ``[B, F * D]`` in rank-block layout with ``order`` ``(rows, inv_rows,
@@ -282,7 +135,7 @@ class ZeroCopySparseArch(SparseArch):
 
     def forward(  # type: ignore[override]
         self, features: KeyedJaggedTensor, in_key_order: bool = False
-    ) -> Union[torch.Tensor, Tuple[torch.Tensor, Optional[Union[FeatureOrder, BlockOrder]]]]:
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, Order]]:
         """Look up ``features`` (a KJT of the model's features, batch ``B``) and pool them.
 
         Returns:
@@ -432,9 +285,7 @@ class DLRMTrainAutocast(DLRMTrain):
         self.compiled_step: Optional[Callable[..., Tuple[torch.Tensor, ...]]] = None  # set by compile_dense
         self.compiled_parts: List[str] = []
 
-    def dense_logits(
-        self, dense: torch.Tensor, embedded: torch.Tensor, order: Optional[Union[FeatureOrder, BlockOrder]] = None
-    ) -> torch.Tensor:
+    def dense_logits(self, dense: torch.Tensor, embedded: torch.Tensor, order: Order = None) -> torch.Tensor:
         """float32 logits ``[B]`` from dense features ``[B, 13]`` and pooled embeddings ``[B, F, D]`` (in feature
         order, or in another order or layout given by ``order``: :func:`to_feature_order`)."""
         net = self.model
@@ -449,11 +300,7 @@ class DLRMTrainAutocast(DLRMTrain):
         return out.squeeze(-1).float()
 
     def dense_step(
-        self,
-        dense: torch.Tensor,
-        embedded: torch.Tensor,
-        labels: torch.Tensor,
-        order: Optional[Union[FeatureOrder, BlockOrder]] = None,
+        self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor, order: Order = None
     ) -> Tuple[torch.Tensor, ...]:
         """``(loss, logits, labels)``: everything after the lookup; the part :func:`dlrm.perf.compile_dense`
         compiles."""
@@ -492,11 +339,7 @@ class DLRMTrainSkipNonFinite(DLRMTrainAutocast):
     """
 
     def dense_step(
-        self,
-        dense: torch.Tensor,
-        embedded: torch.Tensor,
-        labels: torch.Tensor,
-        order: Optional[Union[FeatureOrder, BlockOrder]] = None,
+        self, dense: torch.Tensor, embedded: torch.Tensor, labels: torch.Tensor, order: Order = None
     ) -> Tuple[torch.Tensor, ...]:
         """``(loss, logits, labels, ok)``: ``ok`` a bool scalar, true when every dense feature is finite and every
         label 0 or 1; non-finite dense features and other labels are replaced by 0 (labels float32 ``[B]``), and

@@ -4,7 +4,7 @@
 What each lever does lives beside the code it changes: the table and pooled-embedding dtypes in the sharder's
 fused params (:func:`dlrm.sharding.fused_params_of`), autocast and the bf16 DCN stream in the model
 (:func:`dlrm.model.build_model`), the lean output dist in :mod:`dlrm.output_dist`, the held all-reduce in
-:class:`dlrm.comms.AllReduceAfterOutputDist`. :func:`dlrm.trainer.build_training` calls, in order::
+:class:`dlrm.comms.AllReduceAfterOutputDist`. :func:`dlrm.build.build_training` calls, in order::
 
     check_perf_device(perf, device)          # refuse what this device cannot run, before any data loads
     apply_device_settings(perf, device)      # TF32

@@ -52,7 +52,7 @@ from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan, sharding_types_of
 from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
-from dlrm.writable import output_file_problem
+from dlrm.writable import output_file_problem, report_unwritable
 
 # The largest world size planned: TorchRec's planner (1.8) took about a minute for 1024 CPU ranks of the default
 # model on a 2-core host (its enumerator 27 s for 182 options, 311 partitions 23 s); both grow with the ranks
@@ -368,9 +368,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             save_plan(pi, own["out"])
         except OSError as e:  # checked writable above; e.g. the disk filled up
-            why = f"cannot be written ({e.strerror or e}); pass another path"
-            print(f"error: config key `out`: {own['out']!r}: {why}", file=sys.stderr)
-            return 2
+            return report_unwritable("config key `out`:", own["out"], e.strerror or e)
         print(f"wrote {own['out']} (train with it: sharding.plan_path={own['out']})")
     return 0
 

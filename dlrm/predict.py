@@ -23,7 +23,7 @@ import torch
 
 from dlrm.config import compose, error_line, to_config
 from dlrm.errors import InputError
-from dlrm.writable import output_file_problem
+from dlrm.writable import output_file_problem, report_unwritable
 
 
 def predict(model: torch.nn.Module, split, batch_size: int, multi_hot) -> tuple:  # type: ignore[no-untyped-def]
@@ -98,8 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        print(f"error: OUT {args.out!r}: cannot be written ({e.strerror}); pass another path", file=sys.stderr)
-        return 2
+        return report_unwritable("OUT", args.out, e.strerror)
     print(f"{args.model}: {len(probs):,} {args.split} rows scored -> {args.out}")
     return 0
 

@@ -293,6 +293,18 @@ def check_writable(path: str, key: str, why: str) -> None:
     raise ConfigError(f"config key `{key}`: {path} {what}; {why}")
 
 
+def make_dir(path: str, what: str, fix: str, error: type = InputError) -> None:
+    """``os.makedirs(path, exist_ok=True)``, or one user error for a directory that cannot be made.
+
+    Raises:
+        InputError: (or ``error``, a subclass) ``what``, the system's reason and ``fix``.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise error(f"{what} ({e.strerror or e}); {fix}") from None
+
+
 def free_bytes(path: str) -> Optional[int]:
     """Bytes free to this user on the filesystem of ``path`` (or of its nearest existing ancestor)."""
     try:

@@ -7,9 +7,10 @@
 5. :func:`run_length`: steps per epoch and to run, the validation cadence, the AUC method.
 6. :func:`planning_config`: the config the stack is planned from (HBM left by the data, a checkpoint's plan).
 
-The trainer then builds the stack (:func:`dlrm.trainer.build_training`), opens its sinks and restores the
-checkpoint; the run directory is claimed (:mod:`dlrm.rundir`) between phases 1 and 2, before anything of it is
-read, removed or written.
+The trainer then builds the stack (:func:`dlrm.build.build_training`), opens its sinks and restores the
+checkpoint. Between phases 1 and 2 the run directory is settled: :func:`agree_run_dir` (rank 0's everywhere),
+:func:`claim_dirs` (owned through :mod:`dlrm.rundir`, before anything of it is read, removed or written) and
+:func:`make_run_dirs` (it and the sinks' directories).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
+import torch.distributed as dist
 
 from dlrm import data as data_mod
 from dlrm.checkpoint import checkpoint_root, choose_checkpoint, planning_inputs, saved_plan
@@ -32,6 +34,7 @@ from dlrm.metrics import EXACT_AUC_MAX_ROWS
 from dlrm.offload import check_can_train
 from dlrm.perf import check_perf_device
 from dlrm.pipeline import check_pipeline_device
+from dlrm.rundir import DirLock, claim_run, make_dir
 
 log = logging.getLogger("dlrm.trainer")  # the trainer's start-up: its lines keep the trainer's logger name
 
@@ -229,3 +232,61 @@ def planning_config(
                 build_cfg, sharding=dataclasses.replace(build_cfg.sharding, plan_path=plan_path)
             )
     return build_cfg
+
+
+def agree_run_dir(run_dir: str) -> str:
+    """Use rank 0's run directory everywhere; remove the empty one another rank's Hydra made (its
+    timestamp can differ by a second)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return run_dir
+    obj = [run_dir]
+    dist.broadcast_object_list(obj, src=0)
+    if obj[0] != run_dir and os.path.isdir(run_dir):
+        try:
+            os.rmdir(run_dir)
+        except OSError:
+            pass
+    return obj[0]
+
+
+def claim_dirs(cfg: Config, info: DistInfo, run_dir: str, locks: List[DirLock]) -> None:
+    """Own the run directory (and ``checkpoint.dir`` outside it) for this run (:func:`dlrm.rundir.claim_run`):
+    rank 0 decides and every rank raises its verdict together, so no rank waits on a peer that stopped. The
+    locks go into ``locks`` as soon as they are taken, so the caller releases them on every exit path.
+
+    Raises:
+        ConfigError: a live run owns the directory (naming its host, pid and start time), or it, or a
+            ``checkpoint.dir`` this run would save to, cannot be written.
+    """
+    ck = cfg.checkpoint
+    verdict: Optional[str] = None
+    if info.is_main:
+        saves = bool(ck.every_n_steps) or ck.save_on_sigterm
+        try:
+            locks[:] = claim_run(run_dir, checkpoint_root(ck, run_dir), saves, os.environ)
+        except ConfigError as e:
+            verdict = str(e)
+    if dist.is_initialized() and info.world_size > 1:
+        box = [verdict]
+        dist.broadcast_object_list(box, src=0)
+        verdict = box[0]
+    if verdict is not None:
+        raise ConfigError(verdict)
+
+
+def make_run_dirs(cfg: Config, info: DistInfo, run_dir: str) -> None:
+    """Make the run directory (rank 0) and the sinks' own directories (every rank, so none waits on a rank that
+    stopped), now rather than after planning.
+
+    Raises:
+        ConfigError: a sink's directory cannot be made (``logger.tensorboard.dir``, ``logger.mlperf.file``).
+    """
+    if info.is_main:
+        os.makedirs(run_dir, exist_ok=True)
+    for key, sub, on in (
+        ("logger.tensorboard.dir", cfg.logger.tensorboard.dir, cfg.logger.tensorboard.enabled),
+        ("logger.mlperf.file", os.path.dirname(cfg.logger.mlperf.file), cfg.logger.mlperf.enabled),
+    ):
+        if on and sub:
+            path = os.path.join(run_dir, sub)
+            make_dir(path, f"config key `{key}`: cannot make {path}", "give a writable path", ConfigError)

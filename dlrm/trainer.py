@@ -12,189 +12,65 @@ in-training evaluation, per-rank data layout, TorchRec's fused optimizers); ever
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import logging
-import math
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.types import ShardingPlan
-from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm import data as data_mod
+from dlrm.build import BuildHooks as BuildHooks  # the benchmarks' import
+from dlrm.build import build_training, log_built
 from dlrm.checkpoint import (
     Checkpointer,
     RunFacts,
     TrainState,
-    checkpoint_root,
 )
 from dlrm.config import Config, to_config
 from dlrm.dist import DistInfo
-from dlrm.errors import ConfigError
-from dlrm.graphed import GraphedTrainPipeline, check_graphed, use_capture_stream
+from dlrm.evaluation import Scorer, eval_line, eval_record, final_line
+from dlrm.graphed import GraphedTrainPipeline
 from dlrm.loggers import MetricsLogger, setup_logging
-from dlrm.metrics import EvalAccumulator, MetricWindow
+from dlrm.metrics import MetricWindow
 from dlrm.mlperf_log import MlperfLogger
-from dlrm.model import FEATURE_NAMES, DLRMTrain, build_model, table_configs
-from dlrm.offload import offload_constraints
-from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_device, compile_dense, perf_line
-from dlrm.pipeline import build_pipeline
+from dlrm.model import FEATURE_NAMES
 from dlrm.profiling import StepProfiler
-from dlrm.rundir import DirLock, claim_run, is_storage_fault, storage_error
-from dlrm.schedule import lr_at, make_scheduler
-from dlrm.sharding import (
-    dense_optimizer,
-    format_plan,
-    fused_params_of,
-    save_plan,
-    seed_tables,
-    shard,
-    sharding_types_of,
-)
+from dlrm.rundir import DirLock, is_storage_fault, storage_error
+from dlrm.schedule import lr_at
+from dlrm.sharding import save_plan
 from dlrm.startup import (
+    agree_run_dir,
     batching,
     choose_resume,
+    claim_dirs,
     load_data,
+    make_run_dirs,
     planning_config,
     preflight,
     run_length,
 )
-from dlrm.traffic import model_traffic, traffic_report
+from dlrm.step_log import TimedIterator, WindowLog, window_line
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class BuildHooks:
-    """Where :func:`build_training` lets a caller swap one piece of the stack (benchmarks A/B a code change this
-    way, with everything else built exactly as the trainer builds it).
+class _StateField:
+    """A :class:`Trainer` attribute kept in its :class:`~dlrm.checkpoint.TrainState` (what a checkpoint restores),
+    under the same name."""
 
-    Fields:
-        model: called with the unsharded model before it is planned (e.g. to replace a submodule).
-        compile_dense: what compiles the dense step under ``perf.compile`` (:func:`dlrm.perf.compile_dense`).
-    """
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
 
-    model: Optional[Callable[[DLRMTrain], None]] = None
-    compile_dense: Callable[..., List[str]] = compile_dense
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
+    def __get__(self, obj: Any, owner: Optional[type] = None) -> Any:
+        return self if obj is None else getattr(obj.state, self.name)
 
-@dataclass
-class Built:
-    """What :func:`build_training` returns."""
-
-    unsharded: torch.nn.Module  # the model as built (tables on meta: DMP materialised the local shards)
-    model: DistributedModelParallel
-    plan: ShardingPlan
-    optimizer: CombinedOptimizer  # the fused TBE optimizers plus the dense one
-    scheduler: Any
-    pipeline: Any
-    perf: PerfSetup  # what the perf levers switched on
-    dense: Any = None  # the optimizer of the parameters not fused into the TBE backward (part of ``optimizer``)
-
-
-def build_training(
-    cfg: Config,
-    info: DistInfo,
-    batch_size: int,
-    skip_nonfinite: bool = False,
-    hooks: Optional[BuildHooks] = None,
-    init_tables: bool = True,
-    checked: bool = False,
-) -> Built:
-    """Model, plan, DMP, perf levers, optimizers, LR schedule and pipeline, exactly as the trainer runs them (the
-    step benchmark, ``bench/throughput.py``, times this same stack).
-
-    Args:
-        cfg: the whole config.
-        info: this process's rank, world size and device (:func:`dlrm.dist.init_distributed`).
-        batch_size: samples per rank per step (the planner's batch size).
-        skip_nonfinite: ``trainer.on_nonfinite=skip_batch``.
-        hooks: pieces to swap (:class:`BuildHooks`); None: the trainer's own.
-        init_tables: give every table its initial weights from ``seed`` alone (:func:`dlrm.sharding.seed_tables`),
-            the same for every plan and world size; false when a checkpoint will overwrite them.
-        checked: the caller ran :func:`dlrm.startup.check_device_and_world` already (the trainer's pre-flight
-            does); false: the perf and ``pipeline=graphed`` device checks run here.
-
-    Raises:
-        ConfigError: a ``perf.*`` setting this device cannot run.
-        PlanError: see :func:`dlrm.sharding.plan_model`.
-    """
-    hooks = hooks or BuildHooks()
-    perf = cfg.perf
-    if not checked:  # the checks the stack's own build needs (the trainer's pre-flight runs them and more)
-        check_perf_device(perf, info.device)
-        check_graphed(cfg, info.world_size, info.device)
-    apply_device_settings(perf, info.device)
-    if cfg.pipeline.name == "graphed":
-        use_capture_stream(info.device)  # before DDP binds the gradients' accumulation to the current stream
-    # model
-    model = build_model(cfg.model, dense_device=info.device, skip_nonfinite=skip_nonfinite, perf=perf)
-    if hooks.model is not None:
-        hooks.model(model)
-    # plan and DMP
-    pooling = {
-        f"t_{f}": float(m if cfg.data.multi_hot else 1) for f, m in zip(FEATURE_NAMES, cfg.model.multi_hot_sizes)
-    }
-    tables = table_configs(cfg.model, perf.embedding_dtype)
-    dmp, plan = shard(
-        model,
-        info,
-        cfg.sharding,
-        cfg.optimizer,
-        batch_size,
-        pooling,
-        constraint_hook=lambda c: offload_constraints(cfg.offload, tables, base=c),
-        fused_params=fused_params_of(perf.embedding_output_dtype, perf.tbe_bounds_check, perf.tbe_stochastic_rounding),
-        allreduce_dtype=perf.allreduce_dtype,
-        ddp_bucket_cap_mb=perf.ddp_bucket_cap_mb,
-    )
-    if init_tables:
-        t0 = time.perf_counter()
-        n = seed_tables(dmp, tables, cfg.seed)
-        log.info(
-            "initial tables from seed %d (the same for every plan): %d shard(s) on this rank in %.1fs",
-            cfg.seed,
-            n,
-            time.perf_counter() - t0,
-        )
-    # perf levers on the sharded model
-    perf_setup = apply_perf(dmp, plan, perf, info.world_size, compile_fn=hooks.compile_dense)
-    # optimizers and schedule
-    dense = dense_optimizer(dmp, cfg.optimizer)  # MLPs, and data_parallel tables
-    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
-    scheduler = make_scheduler(optimizer, cfg.optimizer)
-    _check_planned(cfg, info, plan)
-    # pipeline: semi_sync steps the dense optimizer only (the tables' fused optimizer runs in the TBE backward;
-    # its step only hands a changed rate to the TBE, and Config refuses a schedule with semi_sync)
-    pipeline = build_pipeline(
-        dmp, dense if cfg.pipeline.name == "semi_sync" else optimizer, info.device, cfg.pipeline, dense=dense
-    )
-    return Built(model, dmp, plan, optimizer, scheduler, pipeline, perf_setup, dense)
-
-
-def _check_planned(cfg: Config, info: DistInfo, plan: ShardingPlan) -> None:
-    """The ``pipeline=graphed`` rules that depend on the planner's choice of sharding types.
-
-    Raises:
-        ConfigError: a sharding type the graph cannot run on this world, or data_parallel tables with an
-            optimizer other than Adagrad (the graph steps them with element-wise Adagrad).
-    """
-    check_graphed(cfg, info.world_size, info.device, sharding_types_of(plan))  # the planner's choice too
-    # data_parallel tables are stepped by the dense optimizer, which the graph replaces by element-wise Adagrad
-    dp_tables = "data_parallel" in sharding_types_of(plan)
-    if cfg.pipeline.name == "graphed" and cfg.optimizer.sparse_type != "adagrad" and dp_tables:
-        raise ConfigError(
-            "config key `pipeline.name`: pipeline=graphed steps data_parallel tables with element-wise Adagrad "
-            f"only, but optimizer.sparse_type={cfg.optimizer.sparse_type}; use optimizer.sparse_type=adagrad, a "
-            "plan without data_parallel tables, or pipeline=sparse_dist"
-        )
+    def __set__(self, obj: Any, value: int) -> None:
+        setattr(obj.state, self.name, value)
 
 
 class Trainer:
@@ -212,30 +88,13 @@ class Trainer:
         self.info: Optional[DistInfo] = None
         self.metrics: Optional[MetricsLogger] = None
         self.state = TrainState()  # step, samples seen, metric window: what a checkpoint restores
-        self._it: Optional["_TimedIterator"] = None
-        self._input_warned = False
-        self._windows_logged = 0  # by this process: a resumed run's first window also holds the compile
+        self._it: Optional[TimedIterator] = None
         self.history: list = []
         self.target_met_before = False  # resumed from the checkpoint where the run reached eval.target_auc
         self._locks: List[DirLock] = []  # ownership of the run (and checkpoint) directory, rank 0
 
-    @property
-    def step(self) -> int:
-        """Optimizer steps done."""
-        return self.state.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.state.step = value
-
-    @property
-    def samples_seen(self) -> int:
-        """Training samples over all ranks so far."""
-        return self.state.samples_seen
-
-    @samples_seen.setter
-    def samples_seen(self, value: int) -> None:
-        self.state.samples_seen = value
+    step = _StateField("Optimizer steps done.")
+    samples_seen = _StateField("Training samples over all ranks so far.")
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -298,79 +157,37 @@ class Trainer:
         )
         self.model, self.plan, self.optimizer = built.model, built.plan, built.optimizer
         self.scheduler, self.pipeline = built.scheduler, built.pipeline
-        self._log_build(built)
+        log_built(cfg, info, built, b.batch_size)
+        log.info(
+            "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
+            b.batch_size,
+            b.global_batch,
+            n.steps_per_epoch,
+            n.total_steps,
+            n.eval_every or "(end only)",
+            self.run_dir,
+        )
         self._open_metrics(resolved)
         self._resume(resume_from)
         self._write_run_files(resolved)
+        self.scorer = Scorer(self.model, self.pipeline, info, b.eval_batch_size, d.multi_hot, n.auc_method)
         if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
-            self._compile_eval_step()
+            self.scorer.compile_step(self.val_split)
 
     def _open_run_dir(self) -> None:
         """Own the run directory (the owner lock is taken before anything of it is read, removed or written), make
         it and the sinks' directories, start the log files and the MLPerf log (``init_start``)."""
         cfg, info = self.cfg, self.info
         assert info is not None
-        self.run_dir = self._agree_run_dir(self.run_dir)
-        self._claim_dirs()  # before anything of the run directory is read, removed or written
-        if info.is_main:
-            os.makedirs(self.run_dir, exist_ok=True)
-        # the sinks' own directories now, not after planning; every rank, so none waits on a rank that stopped
-        for key, sub, on in (
-            ("logger.tensorboard.dir", cfg.logger.tensorboard.dir, cfg.logger.tensorboard.enabled),
-            ("logger.mlperf.file", os.path.dirname(cfg.logger.mlperf.file), cfg.logger.mlperf.enabled),
-        ):
-            if not (on and sub):
-                continue
-            path = os.path.join(self.run_dir, sub)
-            try:
-                os.makedirs(path, exist_ok=True)
-            except OSError as e:
-                raise ConfigError(
-                    f"config key `{key}`: cannot make {path} ({e.strerror or e}); give a writable path"
-                ) from None
+        self.run_dir = agree_run_dir(self.run_dir)
+        claim_dirs(cfg, info, self.run_dir, self._locks)  # before anything of it is read, removed or written
+        make_run_dirs(cfg, info, self.run_dir)
         setup_logging(info.rank, self.run_dir, cfg.logger.verbose)
         for lock in self._locks:
             if lock.notice is not None:
                 log.log(*lock.notice)
         self.mlperf = MlperfLogger(self.run_dir, cfg.logger.mlperf, info.is_main)
         self.mlperf.init_start()
-
-    def _log_build(self, built: Built) -> None:
-        """Log the model, the perf levers, the plan and its traffic (rank 0), and the batch and run length."""
-        cfg, info = self.cfg, self.info
-        assert info is not None
-        n_params = sum(p.numel() for p in built.unsharded.parameters())
-        log.info(
-            "model %s (%s interaction), %.2f M parameters on rank 0 incl. local shards; world %d on %s (%s)",
-            cfg.model.name,
-            cfg.model.interaction,
-            n_params / 1e6,
-            info.world_size,
-            info.device,
-            info.backend,
-        )
-        log.info("%s", perf_line(cfg.perf, built.perf, info.world_size, info.device, cfg.model.interaction == "dcn"))
-        if info.is_main:
-            log.info("%s", plan_summary(self.model.plan_info))
-            log.info("%s", format_plan(self.model.plan_info), extra={"detail": True})
-            traffic = model_traffic(
-                cfg,
-                self.plan,
-                built.unsharded,
-                world_size=info.world_size,
-                local_world_size=info.local_world_size,
-                batch_size=self.batch_size,
-            )
-            log.info("%s", traffic_report(traffic, info.device.type), extra={"detail": True})
-        log.info(
-            "batch %d per rank, %d global; %d steps/epoch, %d steps to run, validation every %s steps; run dir %s",
-            self.batch_size,
-            self.global_batch,
-            self.steps_per_epoch,
-            self.total_steps,
-            self.eval_every or "(end only)",
-            self.run_dir,
-        )
 
     def _open_metrics(self, resolved: Any) -> None:
         """Start ``metrics.jsonl`` and the other metric sinks; log the MLPerf hyperparameters."""
@@ -456,82 +273,11 @@ class Trainer:
                 raise
             raise storage_error(path, e, None, "free space there, or give hydra.run.dir on a larger disk") from None
 
-    @torch.no_grad()
-    def _compile_eval_step(self) -> None:
-        """Run one evaluation batch before training, so that the compiled dense step's evaluation graph (another
-        batch size, no autograd) is built here, logged, and not inside the first validation's timing."""
-        info = self.info
-        assert info is not None
-        t0 = time.perf_counter()
-        with contextlib.closing(
-            iter(
-                data_mod.eval_batches(
-                    self.val_split,
-                    batch_size=self.eval_batch_size,
-                    rank=info.rank,
-                    world_size=info.world_size,
-                    feature_names=FEATURE_NAMES,
-                    multi_hot=self.multi_hot,
-                )
-            )
-        ) as batches:  # closed here: a prefetching source stops its thread
-            batch, _ = next(batches)
-        model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
-        model.eval()
-        model(batch.to(info.device))
-        model.train()
-        if info.device.type == "cuda":
-            torch.cuda.synchronize(info.device)
-        log.info(
-            "evaluation step compiled for batch %d before training (%.1fs)",
-            self.eval_batch_size,
-            time.perf_counter() - t0,
-        )
-
-    def _claim_dirs(self) -> None:
-        """Own the run directory (and ``checkpoint.dir`` outside it) for this run (:func:`dlrm.rundir.claim_run`):
-        rank 0 decides and every rank raises its verdict together, so no rank waits on a peer that stopped.
-
-        Raises:
-            ConfigError: a live run owns the directory (naming its host, pid and start time), or it, or a
-                ``checkpoint.dir`` this run would save to, cannot be written.
-        """
-        info = self.info
-        assert info is not None
-        ck = self.cfg.checkpoint
-        verdict: Optional[str] = None
-        if info.is_main:
-            saves = bool(ck.every_n_steps) or ck.save_on_sigterm
-            try:
-                self._locks = claim_run(self.run_dir, checkpoint_root(ck, self.run_dir), saves, os.environ)
-            except ConfigError as e:
-                verdict = str(e)
-        if dist.is_initialized() and info.world_size > 1:
-            box = [verdict]
-            dist.broadcast_object_list(box, src=0)
-            verdict = box[0]
-        if verdict is not None:
-            raise ConfigError(verdict)
-
-    def _agree_run_dir(self, run_dir: str) -> str:
-        """Use rank 0's run directory everywhere; remove the empty one another rank's Hydra made (its
-        timestamp can differ by a second)."""
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return run_dir
-        obj = [run_dir]
-        dist.broadcast_object_list(obj, src=0)
-        if obj[0] != run_dir and os.path.isdir(run_dir):
-            try:
-                os.rmdir(run_dir)
-            except OSError:
-                pass
-        return obj[0]
-
     # ------------------------------------------------------------------------------------------------ train
     def _train_iter(self) -> Iterator[Any]:
         cfg, info = self.cfg, self.info
         assert info is not None
-        return _TimedIterator(
+        return TimedIterator(
             data_mod.train_batches(
                 self.train_split,
                 global_batch=self.global_batch,
@@ -569,18 +315,39 @@ class Trainer:
         """
         if self.info is None:
             self.setup()
+        assert self.info is not None and self.metrics is not None
+        it, win, t_start = self._start_fit()
+        last_val: Dict[str, Any] = {}
+        target_hit = self.target_met_before
+        while self.step < self.total_steps and not target_hit:
+            self._train_step(it, win)
+            if self._at_log_step():
+                self._log_window(win, t_start)
+            if self._eval_due():
+                last_val, target_hit = self._validate(win, t_start)
+                if target_hit:
+                    break
+            # checkpoint: periodic save; SIGTERM saves and ends the run; never a diverged state
+            if self.ckpt.after_step(self.state, before_save=lambda: self._check_finite(win)):
+                self.metrics.log_line(self.ckpt.preempt_message or "")
+                return last_val
+        self._finish(win, t_start, target_hit)
+        if last_val and self.info.is_main:
+            self.metrics.log_line(final_line(last_val, self.step, time.perf_counter() - t_start))
+        return last_val
+
+    def _start_fit(self) -> Tuple[TimedIterator, MetricWindow, float]:
+        """Open the training batches, restart the metric window's clock, start MLPerf's timed run and the
+        profiler. Returns the batches, the window and the run's clock (``time.perf_counter`` at the start)."""
         cfg, info = self.cfg, self.info
-        assert info is not None and self.metrics is not None
+        assert info is not None
         it = self._it = self._train_iter()
-        every = cfg.logger.log_every_n_steps
         win = self.state.window  # a resumed run's holds the unlogged steps of its checkpoint
         assert win is not None
         win.restart_clock()
-        last_val: Dict[str, Any] = {}
         self.last_train: Dict[str, Any] = {}
         t_start = time.perf_counter()
-        self._fit_first_step = self.step  # the ETA counts this process's steps (a resume starts later)
-        target_hit = self.target_met_before
+        self._window_log = WindowLog(info, self.steps_per_epoch, self.total_steps, self.skip_nonfinite, self.step)
         self.mlperf.run_start()
         self.mlperf.block_start(0.0, 0)
         self.model.train()
@@ -593,70 +360,85 @@ class Trainer:
             cfg.profile_wait_steps,
             cfg.profile_steps,
         )
-        while self.step < self.total_steps and not target_hit:
-            self.profiler.begin_step(self.step + 1)
-            out = self.pipeline.progress(it)
-            self.profiler.end_step()
-            self.lr = lr_at(self.step, cfg.optimizer.lr, cfg.optimizer)  # the dense rate this step used
-            self.scheduler.step()
-            loss, logits, labels = out[0], out[1], out[2]
-            self.step += 1
-            n = int(labels.shape[0]) * info.world_size
-            self.samples_seen += n
-            win.add(loss, logits, labels, out[3] if len(out) > 3 else None, n)
-            self.metrics.advance()
-            if self.step % every == 0 or self.step == self.total_steps:
-                self._log_window(win, t_start)
-            due = (self.eval_every and self.step % self.eval_every == 0) or (
-                cfg.eval.at_end and self.step == self.total_steps
-            )
-            if due:
-                self._check_finite(win)
-                epoch_num = self.step / self.steps_per_epoch
-                self.mlperf.block_stop(epoch_num, self.samples_seen)
-                win.pause_clock()  # evaluation time is not training time
-                last_val = self.evaluate()
-                target = cfg.eval.target_auc
-                # a histogram AUC counts as reached only if the exact one must be: a success MLPerf would accept
-                if target is not None and last_val["val_auc"] - last_val["val_auc_bound"] >= target:
-                    target_hit = True
-                    self.state.target_auc_reached = last_val["val_auc"] - last_val["val_auc_bound"]
-                    msg = (
-                        f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
-                        f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
-                        f"{time.perf_counter() - t_start:.1f}s"
-                    )
-                    log.info(msg)
-                    self.metrics.log(
-                        {"step": self.step, "samples": self.samples_seen, "target_auc": target, "target_reached": True},
-                        msg,
-                        kind="val",
-                    )
-                    break
-                if self.step < self.total_steps:
-                    self.mlperf.block_start(epoch_num, self.samples_seen)
-                win.resume_clock()
-            # checkpoint: periodic save; SIGTERM saves and ends the run; never a diverged state
-            if self.ckpt.after_step(self.state, before_save=lambda: self._check_finite(win)):
-                self.metrics.log_line(self.ckpt.preempt_message or "")
-                return last_val
-        # MLPerf's timed run ends with the training; the final checkpoint and the test split come after it
-        self.mlperf.run_stop(success=target_hit or cfg.eval.target_auc is None, samples=self.samples_seen)
+        return it, win, t_start
+
+    def _train_step(self, it: TimedIterator, win: MetricWindow) -> None:
+        """One optimizer step through the pipeline; then the LR schedule, the step and sample counts and the
+        metric window."""
+        cfg, info = self.cfg, self.info
+        assert info is not None and self.metrics is not None
+        self.profiler.begin_step(self.step + 1)
+        out = self.pipeline.progress(it)
+        self.profiler.end_step()
+        self.lr = lr_at(self.step, cfg.optimizer.lr, cfg.optimizer)  # the dense rate this step used
+        self.scheduler.step()
+        loss, logits, labels = out[0], out[1], out[2]
+        self.step += 1
+        n = int(labels.shape[0]) * info.world_size
+        self.samples_seen += n
+        win.add(loss, logits, labels, out[3] if len(out) > 3 else None, n)
+        self.metrics.advance()
+
+    def _at_log_step(self) -> bool:
+        """Whether the step just taken ends a log window (``logger.log_every_n_steps``, and the last step)."""
+        return self.step % self.cfg.logger.log_every_n_steps == 0 or self.step == self.total_steps
+
+    def _eval_due(self) -> bool:
+        """Whether a validation is due after the step just taken (``eval.every_n_steps``, ``eval.at_end``)."""
+        return bool(self.eval_every and self.step % self.eval_every == 0) or (
+            self.cfg.eval.at_end and self.step == self.total_steps
+        )
+
+    def _validate(self, win: MetricWindow, t_start: float) -> Tuple[Dict[str, Any], bool]:
+        """Validate after the step just taken, outside the training clock and MLPerf's training block. Returns the
+        validation record and whether it reached ``eval.target_auc`` (the run stops there)."""
+        self._check_finite(win)
+        epoch_num = self.step / self.steps_per_epoch
+        self.mlperf.block_stop(epoch_num, self.samples_seen)
+        win.pause_clock()  # evaluation time is not training time
+        last_val = self.evaluate()
+        if self._target_reached(last_val, epoch_num, t_start):
+            return last_val, True
+        if self.step < self.total_steps:
+            self.mlperf.block_start(epoch_num, self.samples_seen)
+        win.resume_clock()
+        return last_val, False
+
+    def _target_reached(self, last_val: Dict[str, Any], epoch_num: float, t_start: float) -> bool:
+        """Whether the validation record ``last_val`` reached ``eval.target_auc``; if so, log it and keep it in the
+        checkpoint's state."""
+        assert self.metrics is not None
+        target = self.cfg.eval.target_auc
+        # a histogram AUC counts as reached only if the exact one must be: a success MLPerf would accept
+        if target is None or last_val["val_auc"] - last_val["val_auc_bound"] < target:
+            return False
+        self.state.target_auc_reached = last_val["val_auc"] - last_val["val_auc_bound"]
+        msg = (
+            f"target AUC {target} reached: {last_val['val_auc']:.5f} at step {self.step}, "
+            f"{self.samples_seen:,} samples seen ({epoch_num:.3f} epochs), "
+            f"{time.perf_counter() - t_start:.1f}s"
+        )
+        log.info(msg)
+        self.metrics.log(
+            {"step": self.step, "samples": self.samples_seen, "target_auc": target, "target_reached": True},
+            msg,
+            kind="val",
+        )
+        return True
+
+    def _finish(self, win: MetricWindow, t_start: float, target_hit: bool) -> None:
+        """After the last step: end MLPerf's timed run (the final checkpoint and the test split come after it) and
+        the profiler, check the graphed pipeline's bag sizes, log an early stop's partial window, save the last
+        step's checkpoint, and score the test split."""
+        self.mlperf.run_stop(success=target_hit or self.cfg.eval.target_auc is None, samples=self.samples_seen)
         self.profiler.close()
         if isinstance(self.pipeline, GraphedTrainPipeline):
             self.pipeline.check_bag_sizes()
-        if target_hit and not self.target_met_before and not (self.step % every == 0 or self.step == self.total_steps):
+        if target_hit and not self.target_met_before and not self._at_log_step():
             self._log_window(win, t_start)  # the early stop's partial window (the loop logs the others)
         self.ckpt.at_end(self.state)  # checkpoint: the last step, if an early stop skipped its periodic save
         if self.test_split is not None:
             self.evaluate(self.test_split, "test")
-        if last_val and info.is_main:
-            self.metrics.log_line(
-                f"final validation AUC {_auc_text(last_val, 'val_')} (logloss {_num(last_val['val_logloss'], '.5f')}, "
-                f"{last_val['val_samples']:,} samples) after {self.step} steps, "
-                f"{time.perf_counter() - t_start:.1f}s"
-            )
-        return last_val
 
     def _nonfinite(self, step: int) -> FloatingPointError:
         """The error for a non-finite training loss first seen at ``step`` (1-based)."""
@@ -688,45 +470,9 @@ class Trainer:
                 info.rank,
                 where,
             )
-        elapsed = stats["elapsed"]
-        rec = {
-            "step": self.step,
-            "epoch": self.step / self.steps_per_epoch,
-            "loss": stats["loss"],
-            "train_auc": stats["auc"],
-            "lr": self.lr,
-            "samples_per_s": stats["samples"] / elapsed,
-            "samples_per_s_per_rank": stats["samples"] / elapsed / info.world_size,
-            "step_ms": 1000.0 * elapsed / stats["steps"],
-            "input_ms": 1000.0 * self._it.take_seconds() / stats["steps"] if self._it is not None else 0.0,
-            "peak_mem_gb": _peak_memory_gb(info.device),
-            "samples": self.samples_seen,
-            "time_s": time.perf_counter() - t_start,
-        }
-        # remaining steps at this process's wall time per step so far (evaluations and saves included)
-        rec["eta_s"] = rec["time_s"] / max(self.step - self._fit_first_step, 1) * (self.total_steps - self.step)
-        if self.skip_nonfinite:
-            rec["skipped_batches"] = stats["skipped_global"]
-        self._windows_logged += 1
-        if rec["input_ms"] > 0.5 * rec["step_ms"] and not self._input_warned and self._windows_logged > 1:
-            self._input_warned = True  # the first window holds the compile and the loader's start
-            log.warning(
-                "the input side took %.1f of each %.1f ms step on rank %d (host time waiting for batches): the "
-                "loader bounds the step; see data.prefetch, data.assemble_on_device, or materialized multi-hot",
-                rec["input_ms"],
-                rec["step_ms"],
-                info.rank,
-            )
-        auc = f"{rec['train_auc']:.4f}" if math.isfinite(rec["train_auc"]) else "n/a"
-        self.metrics.log(
-            rec,
-            (
-                f"step {self.step:>6}/{self.total_steps} | epoch {rec['epoch']:.2f} | loss {rec['loss']:.5f} | "
-                f"auc(win) {auc} | lr {rec['lr']:.3g} | {rec['samples_per_s']:,.0f} samples/s | "
-                f"{rec['step_ms']:.1f} ms/step | mem {rec['peak_mem_gb']:.2f} GB | {rec['time_s']:.1f}s | "
-                f"eta {datetime.timedelta(seconds=round(rec['eta_s']))}"
-            ),
-        )
+        input_s = self._it.take_seconds() if self._it is not None else 0.0
+        rec = self._window_log.record(stats, self.step, self.samples_seen, self.lr, input_s, t_start)
+        self.metrics.log(rec, window_line(rec, self.total_steps))
         self.last_train = {
             k: round(v, 6) if isinstance(v, float) else v
             for k, v in rec.items()
@@ -735,53 +481,15 @@ class Trainer:
         self.history.append(rec)
 
     # ------------------------------------------------------------------------------------------------- eval
-    @torch.no_grad()
     def evaluate(self, split: Optional[data_mod.Split] = None, kind: str = "val") -> Dict[str, Any]:
         """Score a split (default: validation) on all ranks; logs and returns ``<kind>_*`` metrics."""
-        info = self.info
-        assert info is not None and self.metrics is not None
-        split = split if split is not None else self.val_split
+        assert self.metrics is not None
         t0 = time.perf_counter()
-        model = self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
-        model.eval()
         if kind == "val":
             self.mlperf.eval_start(self.step / self.steps_per_epoch, self.samples_seen)
-        acc = EvalAccumulator(info.device, self.auc_method)
-        batches = data_mod.eval_batches(
-            split,
-            batch_size=self.eval_batch_size,
-            rank=info.rank,
-            world_size=info.world_size,
-            feature_names=FEATURE_NAMES,
-            multi_hot=self.multi_hot,
-        )
-        if hasattr(self.pipeline, "evaluate"):  # pipeline=graphed: replays a captured forward
-            outputs = self.pipeline.evaluate(batches)
-        else:
-            outputs = ((model(b.to(info.device))[1], w) for b, w in batches)
-        for out, weight in outputs:
-            weight = weight.to(info.device)
-            if len(out) > 3:  # skip_batch: rows of a batch with non-finite inputs do not count
-                weight = weight * out[3].to(weight.dtype)
-            acc.update(out[1], out[2], weight)
-        res = acc.compute()
-        model.train()  # the pipeline re-attaches its pipelined forwards on the next progress()
-        rec: Dict[str, Any] = {"step": self.step, "samples": self.samples_seen}
-        rec.update({f"{kind}_{k}": v for k, v in res.items()})
-        rec["eval_s"] = time.perf_counter() - t0
-        rec["eval_samples_per_s"] = res["samples"] / max(rec["eval_s"], 1e-9)
-        if res["auc_undefined"] is None:
-            del rec[f"{kind}_auc_undefined"]
-        self.metrics.log(
-            rec,
-            (
-                f"{kind:<4} {self.step:>6}/{self.total_steps} | auc {_auc_text(res)} | "
-                f"logloss {_num(res['logloss'], '.5f')} | ne {_num(res['ne'], '.4f')} | "
-                f"acc {_num(res['accuracy'], '.4f')} | calib {_num(res['calibration'], '.3f')} | "
-                f"{res['samples']:,} samples | {rec['eval_s']:.1f}s"
-            ),
-            kind=kind,
-        )
+        res = self.scorer.score(split if split is not None else self.val_split)
+        rec = eval_record(kind, res, self.step, self.samples_seen, time.perf_counter() - t0)
+        self.metrics.log(rec, eval_line(kind, res, self.step, self.total_steps, rec["eval_s"]), kind=kind)
         if kind == "val":
             self.mlperf.eval(self.step / self.steps_per_epoch, res["auc"], self.samples_seen)
         self.history.append(rec)
@@ -806,63 +514,3 @@ class Trainer:
             for lock in self._locks:  # last: the run's files are complete
                 lock.release()
             self._locks = []
-
-
-def plan_summary(pi: Any) -> str:
-    """One line for stdout: the tables per sharding type and kernel, and where the full plan is."""
-    kinds: Dict[str, set] = {}
-    for sh in pi.shards:
-        kinds.setdefault(f"{sh['sharding_type']} {sh['compute_kernel']}", set()).add(sh["table"])
-    types = ", ".join(f"{len(t)} {k}" for k, t in sorted(kinds.items(), key=lambda kv: -len(kv[1])))
-    return (
-        f"sharding plan ({pi.source}) for {pi.world_size} rank{'s' * (pi.world_size != 1)}: tables {types}; the "
-        "plan and step-traffic tables are in train.log and plan.json (logger.verbose=true prints them here)"
-    )
-
-
-def _num(v: float, spec: str) -> str:
-    """``v`` formatted, or ``n/a`` for NaN (a metric undefined on this split)."""
-    return format(v, spec) if math.isfinite(v) else "n/a"
-
-
-def _auc_text(res: Dict[str, Any], prefix: str = "") -> str:
-    """The AUC of an evaluation record for a log line, or ``undefined (<why>)`` (:func:`dlrm.metrics.auc_undefined`)."""
-    why = res.get(f"{prefix}auc_undefined")
-    return f"undefined ({why})" if why else _num(res[f"{prefix}auc"], ".4f")
-
-
-def _peak_memory_gb(device: torch.device) -> float:
-    """Peak memory of this process in GB: CUDA allocator peak on GPU, peak resident set size on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
-
-
-class _TimedIterator:
-    """The training batches, with the host time spent waiting for each (building it, or for the loader's thread
-    to hand it over): the input side's share of a step, logged as ``input_ms``."""
-
-    def __init__(self, it: Iterator[Any]) -> None:
-        self.it, self.seconds = it, 0.0
-
-    def __iter__(self) -> "_TimedIterator":
-        return self
-
-    def __next__(self) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return next(self.it)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def take_seconds(self) -> float:
-        """Seconds spent since the last call."""
-        s, self.seconds = self.seconds, 0.0
-        return s
-
-    def close(self) -> None:
-        close = getattr(self.it, "close", None)
-        if close is not None:
-            close()  # a generator: its finally stops and joins the prefetch thread (dlrm.data.binary.Prefetcher)

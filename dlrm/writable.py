@@ -5,6 +5,7 @@ and not a traceback after minutes of loading."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Optional
 
 
@@ -41,3 +42,15 @@ def can_write(path: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def report_unwritable(label: str, path: str, reason: object) -> int:
+    """Print a command's one ``error:`` line for an output file ``path`` that could not be written, on stderr;
+    returns the exit status for it, 2.
+
+    Args:
+        label: how the command line names the file (``OUT``, ``config key `out`:``).
+        reason: why, in the system's words (an ``OSError``'s ``strerror``).
+    """
+    print(f"error: {label} {path!r}: cannot be written ({reason}); pass another path", file=sys.stderr)
+    return 2

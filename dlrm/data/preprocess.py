@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -125,21 +125,26 @@ def _rows_text(rows: Sequence[int]) -> str:
     return "--table-rows " + ",".join(map(str, rows))
 
 
-def _changed_options(
-    prev: Dict[str, Any],
-    layout: str,
-    inputs: Sequence[str],
-    days: Sequence[int],
-    table_rows: Sequence[int],
-    transform: str,
-    dense_min: Optional[int],
-) -> List[str]:
+class _Options(NamedTuple):
+    """The options of :func:`preprocess` that ``meta.json`` records: a re-run with others would replace the
+    dataset (:func:`_changed_options`)."""
+
+    layout: str
+    inputs: Sequence[str]
+    days: Sequence[int]
+    table_rows: Sequence[int]
+    transform: str
+    dense_min: Optional[int]
+
+
+def _changed_options(prev: Dict[str, Any], opts: _Options) -> List[str]:
     """The options of this run that differ from those ``prev`` (a ``meta.json``) was built with, each as
     ``<flag> was <old>, now <new>``; empty when a re-run would resume or skip every day of ``prev``.
 
     Raises:
         KeyError, TypeError, AttributeError, ValueError: ``prev`` lacks a key or has one of the wrong type.
     """
+    layout, inputs, days, table_rows, transform, dense_min = opts
     out: List[str] = []
     if prev["layout"] != layout:
         return [f"--layout was {prev['layout']}, now {layout}"]
@@ -203,7 +208,7 @@ def preprocess(
             a Kaggle file of fewer than 7 lines; ``out`` a file, or holding a dataset built with other options
             (without ``overwrite``).
     """
-    days = _check_options(out, layout, inputs, days, table_rows, transform, dense_min, overwrite)
+    days = _check_options(out, _Options(layout, inputs, days, table_rows, transform, dense_min), overwrite)
     jobs = _day_jobs(layout, inputs, days, block_bytes)
     try:
         os.makedirs(out, exist_ok=True)
@@ -217,15 +222,15 @@ def preprocess(
     m = dense_min if dense_min is not None else min(r["dense_min"] for r in train)
     m_src = "given" if dense_min is not None else f"days {jobs[0]['day']}-{jobs[-2]['day']} (training)"
     djobs = [
-        dict(
-            root=out,
-            day=j["day"],
-            rows=r["rows"],
+        _day_job(
+            out,
+            j["day"],
+            r["rows"],
+            dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]),
             keep_raw=keep_raw,
             source=j["path"],
             start_line=j["start_line"],
             parse_job=fj,
-            expect=dict(transform=transform, dense_min=m if transform == "mlperf" else None, parse_files=r["files"]),
         )
         for j, r, fj in zip(jobs, parsed, full)
     ]
@@ -238,22 +243,14 @@ def preprocess(
     return meta
 
 
-def _check_options(
-    out: str,
-    layout: str,
-    inputs: Sequence[str],
-    days: Sequence[int],
-    table_rows: Sequence[int],
-    transform: str,
-    dense_min: Optional[int],
-    overwrite: bool,
-) -> List[int]:
+def _check_options(out: str, opts: _Options, overwrite: bool) -> List[int]:
     """Refuse options :func:`preprocess` cannot use, before anything is written; returns the days to build
     (``0 .. 6`` for the Kaggle layout).
 
     Raises:
         PreprocessError: as :func:`preprocess` says (all but a Kaggle file that is too short).
     """
+    layout, inputs, days, table_rows, transform, _ = opts
     if transform not in TRANSFORMS:
         raise PreprocessError(f"--dense-transform {transform!r}: choose one of {', '.join(TRANSFORMS)}")
     if len(table_rows) != NUM_CAT or min(table_rows) < 1:
@@ -274,7 +271,7 @@ def _check_options(
         try:
             with open(os.path.join(out, fmt.META), encoding="utf-8") as f:
                 prev = json.load(f)
-            changed = _changed_options(prev, layout, inputs, days, table_rows, transform, dense_min)
+            changed = _changed_options(prev, opts._replace(days=days))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
             changed = []  # no finished dataset, or a damaged meta.json that this run rewrites
         if changed:
@@ -347,6 +344,13 @@ def _parse_jobs(
         )
         full.append(dict(j, root=out, table_rows=list(table_rows), block_bytes=block_bytes, expect=expect))
     return full
+
+
+def _day_job(root: str, day: int, rows: int, expect: Dict[str, Any], **fields: Any) -> Dict[str, Any]:
+    """The job of a day pass after the parse (:mod:`dlrm.data.preprocess_passes`): the dataset ``root``, the
+    ``day`` and its ``rows``, what the pass's marker must record for the day to count as done (``expect``), and
+    the pass's own ``fields``."""
+    return dict(root=root, day=day, rows=rows, expect=expect, **fields)
 
 
 def _dataset_meta(
@@ -436,18 +440,14 @@ def multihot(*, out: str, sizes: Sequence[int], seed: int, materialize: bool, wo
         mh_mod.build_tables(rows, sizes, seed, out_dir=tdir, progress=True)
     mat = None
     if materialize:
+        expect = dict(sizes=list(sizes), seed=seed, table_rows=[int(r) for r in rows])
         jobs = [
-            dict(
-                root=out,
-                day=d["day"],
-                rows=d["rows"],
+            _day_job(
+                out,
+                d["day"],
+                d["rows"],
+                dict(expect, sparse_sha=d["files"][f"day_{d['day']}_sparse.npy"]),
                 table_rows=rows,
-                expect=dict(
-                    sizes=list(sizes),
-                    seed=seed,
-                    table_rows=[int(r) for r in rows],
-                    sparse_sha=d["files"][f"day_{d['day']}_sparse.npy"],
-                ),
             )
             for d in meta["days"]
         ]
