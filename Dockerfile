@@ -43,8 +43,7 @@ WORKDIR /workspace/dlrm
 # Dependencies first (pyproject.toml changes less often than the code, so this layer stays cached), with the
 # `wandb` extra so that logger=[...,wandb] runs in the image. Unquoted: sh leaves .[wandb] as it is (no file matches).
 COPY pyproject.toml README.md ./
-RUN --mount=type=cache,target=/root/.cache/pip mkdir -p dlrm/config dlrm/data \
-    && touch dlrm/__init__.py dlrm/config/__init__.py dlrm/data/__init__.py \
+RUN --mount=type=cache,target=/root/.cache/pip mkdir -p dlrm && touch dlrm/__init__.py \
     && pip install -e .[wandb] && rm -rf dlrm
 COPY . .
 # Editable: the configs in conf/ are read from /workspace/dlrm, and torchx's workspace patching (COPY . . over
