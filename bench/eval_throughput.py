@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from bench import ids as bench_ids
-from bench import pipeline_ab as ab
+from bench import runner
 from bench.throughput import BASE, GRAPHED_ELEMENTWISE, SMOKE_BASE
 from dlrm.build import build_training
 from dlrm.config import compose, to_config
@@ -83,10 +83,10 @@ def main(argv: Any = None) -> Dict[str, Any]:
         ids_all_to_all=True if args.ids_all_to_all else None,
     )
     seed = 1000 + dist.get_rank()
-    train = iter(ab.make_batches(cfg.model, cfg.data.batch_size, args.train_steps, device, False, seed=seed))
+    train = iter(runner.make_batches(cfg.model, cfg.data.batch_size, args.train_steps, device, False, seed=seed))
     for _ in range(args.train_steps):
         pipe.progress(train)
-    pool = ab.make_batches(cfg.model, args.batch, 8, device, False, seed=seed + 1, ids=args.ids)
+    pool = runner.make_batches(cfg.model, args.batch, 8, device, False, seed=seed + 1, ids=args.ids)
     model = pipe.detach()
     model.eval()
 

@@ -18,7 +18,7 @@ loads them; ``--ids criteo``: skewed as in Criteo 1TB, ``bench/ids.py``), built 
 and cycled, the same pool for every variant.
 
 Variants (``--variants``):
-  stock      plain TorchRec as the MLPerf reference sets it up (``bench/pipeline_ab.py``'s stock runner: TorchRec's
+  stock      plain TorchRec as the MLPerf reference sets it up (``bench/runner.py``'s stock model: TorchRec's
              ``DLRMTrain(DLRM_DCN)``, planner, DMP, ``TrainPipelineSparseDist``, fp32, TF32 on, dense Adagrad), with
              row-wise Adagrad fused into the TBE backward (the reference trains element-wise; row-wise is the
              faster, so ratios to it are the conservative ones).
@@ -33,16 +33,16 @@ Variants (``--variants``):
 Variants are built one after another and freed (two capped models plus compiled graphs would not all fit at
 32768); the stock variants run first and again last, so drift over the run shows.
 
-Each row also has ``host_ms_per_step``: the median host time to issue one step (``pipeline_ab.Runner.repeat``);
+Each row also has ``host_ms_per_step``: the median host time to issue one step (``runner.Runner.repeat``);
 while the GPU is behind, ``progress()`` returns once the step is queued, so a value near ms/step means the loop
 is host-bound.
 
 ``--profile VARIANT [VARIANT ...]`` additionally profiles 10 steps of those variants with torch.profiler (built
 again after all variants of the batch size were timed: profiling slows what runs after it in the process) and
-prints where the GPU time goes (``pipeline_ab.gpu_time_by_category``: kernel time per step for TBE forward, TBE
+prints where the GPU time goes (``pipeline_traces.gpu_time_by_category``: kernel time per step for TBE forward, TBE
 backward with the fused optimizer, NCCL all-to-all and all-reduce, matrix products, fused (triton) elementwise,
 other elementwise, copies), the 25 largest kernels, and where the GPU sits idle and why
-(``pipeline_ab.idle_gaps``: waiting for the host, blamed on a blocking call or the launching Python frame, or
+(``pipeline_traces.idle_gaps``: waiting for the host, blamed on a blocking call or the launching Python frame, or
 waiting on another stream). A variant that fails is reported as failed and the others still run.
 
 ``--alternate`` builds all ``--variants`` first and interleaves their repeats (A B B A ...). Two compiled copies of
@@ -70,7 +70,7 @@ import torch
 import torch.distributed as dist
 
 from bench import ids as bench_ids
-from bench import pipeline_ab as ab
+from bench import runner, traces
 from dlrm import torchrec_compat as compat
 from dlrm.build import BuildHooks, build_training
 from dlrm.config import compose, to_config
@@ -166,7 +166,7 @@ DEFAULT_VARIANTS = [
 ]
 
 
-class TrainerRunner(ab.Runner):
+class TrainerRunner(runner.Runner):
     """The trainer's stack (``build_training``) over the same batch pool, timed like ``Trainer.fit`` steps."""
 
     def __init__(
@@ -199,14 +199,14 @@ class TrainerRunner(ab.Runner):
             {(ps.sharding_type, ps.compute_kernel) for mp in built.plan.plan.values() for ps in mp.values()}
         )  # type: ignore
         self.mc = cfg.model
-        self.pool = ab.make_batches(
+        self.pool = runner.make_batches(
             cfg.model,
             batch,
             args.pool,
             info.device,
             False,
             seed=1000 + dist.get_rank(),
-            ids_dtype=ab.IDS_DTYPES[args.ids_dtype],
+            ids_dtype=runner.IDS_DTYPES[args.ids_dtype],
             ids=args.ids,
         )
         self.win = MetricWindow(info.device)
@@ -277,7 +277,9 @@ def _build(name: str, batch: int, args: argparse.Namespace, info: DistInfo, worl
     t0 = time.perf_counter()
     if name in STOCK:
         return (
-            ab.Runner(ab.Spec(f"{name}/b{batch}", batch, stock=True, sparse_opt=STOCK[name]), args, info.device, world),
+            runner.Runner(
+                runner.Spec(f"{name}/b{batch}", batch, stock=True, sparse_opt=STOCK[name]), args, info.device, world
+            ),
             [],
             time.perf_counter() - t0,
         )
@@ -297,7 +299,7 @@ def _free(run: Any, info: DistInfo) -> None:
 
 def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo, world: int) -> Dict[str, Any]:
     """``--profile``: build ``name`` again after every variant of this batch size was timed, warm it up, and break
-    its GPU time down (``pipeline_ab.gpu_time_by_category``, with idle gaps and host syncs).
+    its GPU time down (``pipeline_traces.gpu_time_by_category``, with idle gaps and host syncs).
 
     Profiling runs last because it leaves the process slower: on H200 the variants timed after a profiled one in
     the same process ran 0.5-4 ms/step slower (compiled, host-sensitive ones; stock, GPU-bound, did not move)."""
@@ -309,7 +311,9 @@ def profile_variant(name: str, batch: int, args: argparse.Namespace, info: DistI
     gaps: Dict[str, Any] = {}
     host: Dict[str, Any] = {}
     out = {
-        "breakdown_ms_per_step": ab.gpu_time_by_category(run, top=top, trace=trace, syncs=syncs, gaps=gaps, host=host),
+        "breakdown_ms_per_step": traces.gpu_time_by_category(
+            run, top=top, trace=trace, syncs=syncs, gaps=gaps, host=host
+        ),
         "host_time": host,
         "top_kernels_ms_per_step": top,
         "host_syncs": syncs,  # (call <- python stack, calls per step, host ms per step)
@@ -361,7 +365,7 @@ def _finish(
     }
     if info.device.type == "cuda":
         extra["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(info.device) / 1e9, 2)
-    row = ab.summarize(name, None, "-", ms, world, batch, extra)
+    row = runner.summarize(name, None, "-", ms, world, batch, extra)
     _free(run, info)
     if info.is_main:
         print(
@@ -385,7 +389,7 @@ def _run_variant(name: str, batch: int, args: argparse.Namespace, info: DistInfo
             pms = [run.repeat(args.steps, args.warmup) for _ in range(args.repeats)]
             label = f"{name}+{probe[0]}{probe[1]}ms" if probe else f"{name} (again)"
             rows.append(
-                ab.summarize(
+                runner.summarize(
                     label,
                     None,
                     "-",
@@ -416,7 +420,7 @@ def run_alternating(
         built[n][0].repeat(1, args.warmup + args.first_warmup)
     ms: Dict[str, List[float]] = {n: [] for n in names}
     for r in range(args.repeats):
-        for n in ab.abba(names, r):
+        for n in runner.abba(names, r):
             ms[n].append(built[n][0].repeat(args.steps, args.warmup))
     return [
         _finish(n, built[n][0], built[n][1], built[n][2], ms[n], batch, args, info, world, "alternating") for n in names
@@ -522,7 +526,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--pool", type=int, default=8, help="distinct random batches, cycled")
     p.add_argument(
         "--ids-dtype",
-        choices=sorted(ab.IDS_DTYPES),
+        choices=sorted(runner.IDS_DTYPES),
         default="int64",
         help="dtype of the KJT ids of every variant, stock included (int32: as data=criteo_binary loads them)",
     )
@@ -575,8 +579,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             ok = False
         if not ok:
             p.error(f"--probe {pr}: give host:MS or gpu:MS with MS > 0 (e.g. host:0.5)")
-    # attributes pipeline_ab.Runner reads for the stock runner
-    args.full_cardinality, args.row_cap, args.host_batches, args.offload_min_rows = False, ab.STOCK_ROW_CAP, False, 0
+    # attributes runner.Runner reads for the stock runner
+    args.full_cardinality, args.row_cap, args.host_batches, args.offload_min_rows = (
+        False,
+        runner.STOCK_ROW_CAP,
+        False,
+        0,
+    )
     if args.smoke:
         args.steps, args.warmup, args.first_warmup, args.repeats, args.pool = 3, 1, 0, 2, 4
         args.batch_sizes, args.log_every = [32], 2

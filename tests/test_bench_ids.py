@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import ids
-from bench import pipeline_ab as ab
+from bench import ids, runner
 from conftest import KAGGLE_SAMPLE, TB_SAMPLE, needs_kaggle, needs_tb, run_gloo
 from dlrm.config import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS, ModelConfig
 from dlrm.data import MultiHot
@@ -121,8 +120,8 @@ def test_batch_pool_of_skewed_ids() -> None:
     and far fewer distinct rows in the big tables."""
     mc = ModelConfig(row_cap=20000, multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES))
     cpu = torch.device("cpu")
-    sk = ab.make_batches(mc, 256, 1, cpu, False, seed=7, ids="criteo", ids_dtype=torch.int32)[0].sparse_features
-    un = ab.make_batches(mc, 256, 1, cpu, False, seed=7)[0].sparse_features
+    sk = runner.make_batches(mc, 256, 1, cpu, False, seed=7, ids="criteo", ids_dtype=torch.int32)[0].sparse_features
+    un = runner.make_batches(mc, 256, 1, cpu, False, seed=7)[0].sparse_features
     assert sk.values().dtype == torch.int32 and torch.equal(sk.lengths(), un.lengths())
     for t, (key, r) in enumerate(zip(sk.keys(), mc.table_rows)):
         a, u = sk[key].values(), un[key].values()

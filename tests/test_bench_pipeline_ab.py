@@ -103,7 +103,7 @@ def test_batch_pool_ids_dtype() -> None:
     loads them in; lengths stay int32."""
     import torch
 
-    from bench import pipeline_ab as ab
+    from bench import runner
     from dlrm.config import ModelConfig
 
     mc = ModelConfig(
@@ -117,8 +117,8 @@ def test_batch_pool_ids_dtype() -> None:
         dcn_low_rank_dim=4,
     )
     cpu = torch.device("cpu")
-    b64 = ab.make_batches(mc, 4, 2, cpu, False, seed=7)
-    b32 = ab.make_batches(mc, 4, 2, cpu, False, seed=7, ids_dtype=ab.IDS_DTYPES["int32"])
+    b64 = runner.make_batches(mc, 4, 2, cpu, False, seed=7)
+    b32 = runner.make_batches(mc, 4, 2, cpu, False, seed=7, ids_dtype=runner.IDS_DTYPES["int32"])
     for x, y in zip(b64, b32):
         v64, v32 = x.sparse_features.values(), y.sparse_features.values()
         assert (v64.dtype, v32.dtype, y.sparse_features.lengths().dtype) == (torch.int64, torch.int32, torch.int32)

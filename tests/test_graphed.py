@@ -56,7 +56,7 @@ def _cfg(sharding: str, sparse_type: str, pipeline: str, device: str, extra: Tup
 
 def _batches(cfg: Any, device: torch.device, steps: int = STEPS, rank: int = 0) -> List[Any]:
     """``steps - 1`` full batches and a half one; each rank its own ids."""
-    from bench.pipeline_ab import make_batches
+    from bench.runner import make_batches
 
     full = make_batches(cfg.model, BATCH, steps - 1, device, False, seed=7 + 100 * rank)
     return full + make_batches(cfg.model, BATCH // 2, 1, device, False, seed=8 + 100 * rank)
@@ -405,7 +405,7 @@ def _eval_compare(
     from sklearn.metrics import roc_auc_score
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from bench.pipeline_ab import make_batches
+    from bench.runner import make_batches
     from dlrm.dist import init_distributed
     from dlrm.graphed import GraphedTrainPipeline
     from dlrm.model import BatchError
