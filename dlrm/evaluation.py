@@ -71,9 +71,10 @@ class Scorer:
         if hasattr(self.pipeline, "evaluate"):  # pipeline=graphed: replays a captured forward
             outputs = self.pipeline.evaluate(batches)
         else:
-            outputs = ((model(b.to(device))[1], w) for b, w in batches)
+            # non-blocking: the loaders build batches in pinned memory, so the copy queues without a host sync
+            outputs = ((model(b.to(device, non_blocking=True))[1], w) for b, w in batches)
         for out, weight in outputs:
-            weight = weight.to(device)
+            weight = _weight_to(weight, device)
             if len(out) > 3:  # skip_batch: rows of a batch with non-finite inputs do not count
                 weight = weight * out[3].to(weight.dtype)
             acc.update(out[1], out[2], weight)
@@ -102,6 +103,15 @@ class Scorer:
             self.batch_size,
             time.perf_counter() - t0,
         )
+
+
+def _weight_to(weight: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A batch's weights (float32 ``[B]``, on the CPU as :func:`dlrm.data.eval_batches` yields them) on
+    ``device``, without a host sync on CUDA: pinned first, as a copy from pageable memory may wait for the stream,
+    which would stall every evaluation batch."""
+    if device.type != "cuda" or weight.device.type != "cpu":
+        return weight.to(device)
+    return weight.pin_memory().to(device, non_blocking=True)
 
 
 def eval_record(kind: str, res: Dict[str, Any], step: int, samples: int, seconds: float) -> Dict[str, Any]:

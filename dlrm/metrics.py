@@ -18,6 +18,11 @@ Why our own histogram rather than torchmetrics' binned ``BinaryAUROC(thresholds=
 when predictions cluster near a small CTR.
 
 Every rank computes on the same reduced data, so every rank reports the same value.
+
+Updates never sync the host (:class:`EvalAccumulator`, :class:`AUCHistogram`): padding rows are masked with
+``torch.where`` and weight 0 rather than dropped by a boolean index, the histogram is filled by ``index_add_``
+into fixed buffers, and a NaN probability is counted on the device and raised by ``compute``. A validation pass
+of ``pipeline=graphed`` thus queues batch after batch without waiting for the device.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from torchmetrics.utilities.distributed import gather_all_tensors
 # bits per octave.
 _SHIFT = 10
 NUM_BUCKETS = (0x3F800000 >> _SHIFT) + 1
+_NAN_SLOT = 2 * NUM_BUCKETS  # AUCHistogram.counts: negatives, positives, then the NaN count
 # eval.auc_method=auto switches from exact to histogram above this many evaluation rows (all ranks).
 EXACT_AUC_MAX_ROWS = 16 * 2**20
 
@@ -72,42 +78,61 @@ def global_auc(preds: torch.Tensor, labels: torch.Tensor) -> float:
 class AUCHistogram:
     """Histogram AUC of probabilities (see the module docstring for the method and its error bound).
 
+    :meth:`update` is sync-free and shape-static (one ``index_add_`` into fixed buffers, nothing read back to the
+    host, no shape that depends on the values), so it can run inside a captured CUDA graph; NaN probabilities are
+    counted there and refused by :meth:`compute`.
+
     Args:
-        device: where the two int64 ``[NUM_BUCKETS]`` count vectors live.
+        device: where the int64 counts live: :attr:`neg` and :attr:`pos` ``[NUM_BUCKETS]`` and :attr:`nans`
+            ``[1]``, views of one buffer that :meth:`compute` all-reduces in one call.
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.pos = torch.zeros(NUM_BUCKETS, dtype=torch.int64, device=device)
-        self.neg = torch.zeros(NUM_BUCKETS, dtype=torch.int64, device=device)
+        # slot label * NUM_BUCKETS + bucket counts a row; the last slot (_NAN_SLOT) counts NaN probabilities
+        self.counts = torch.zeros(_NAN_SLOT + 1, dtype=torch.int64, device=device)
+        self.neg = self.counts[:NUM_BUCKETS]
+        self.pos = self.counts[NUM_BUCKETS:_NAN_SLOT]
+        self.nans = self.counts[_NAN_SLOT:]
         self.bound = float("nan")  # set by compute(): the most the AUC can differ from the exact one
 
     def reset(self) -> None:
-        """Zero both count vectors (this rank's only)."""
-        self.pos.zero_()
-        self.neg.zero_()
+        """Zero the counts (this rank's only)."""
+        self.counts.zero_()
 
-    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
-        """Add probabilities in [0, 1] (float ``[n]``) with 0/1 labels ``[n]``.
-
-        Raises:
-            RuntimeError: a NaN probability (torch's ``bincount`` refuses its bucket); the trainer checks the
-                training loss for non-finite values before every evaluation, so diverged weights stop it first.
-        """
-        p = probs.detach().float().reshape(-1).clamp(0.0, 1.0).to(self.pos.device)
-        keys = p.view(torch.int32).to(torch.int64) >> _SHIFT
-        y = labels.detach().reshape(-1).to(self.pos.device) > 0.5
-        self.pos += torch.bincount(keys[y], minlength=NUM_BUCKETS)
-        self.neg += torch.bincount(keys[~y], minlength=NUM_BUCKETS)
+    def update(self, probs: torch.Tensor, labels: torch.Tensor, weight: Optional[torch.Tensor] = None) -> None:
+        """Add probabilities in [0, 1] (float ``[n]``) with 0/1 labels ``[n]`` (> 0.5 is positive); with
+        ``weight`` ``[n]`` only rows whose weight is > 0 count (a padding row may hold any value, NaN included).
+        Never syncs the host: a NaN probability is counted in :attr:`nans` and raised by :meth:`compute`."""
+        dev = self.counts.device
+        p = probs.detach().float().reshape(-1).to(dev)
+        # clamped: a key out of range would be a device-side assert (-0.0's sign bit makes its key negative)
+        keys = (p.clamp(0.0, 1.0).view(torch.int32).to(torch.int64) >> _SHIFT).clamp_(0, NUM_BUCKETS - 1)
+        y = (labels.detach().reshape(-1).to(dev) > 0.5).to(torch.int64)
+        slot = torch.where(torch.isnan(p), _NAN_SLOT, keys + y * NUM_BUCKETS)
+        if weight is None:
+            rows = torch.ones_like(slot)
+        else:
+            rows = (weight.detach().reshape(-1).to(dev) > 0).to(torch.int64)
+        self.counts.index_add_(0, slot, rows)
 
     def compute(self) -> float:
         """AUC over all ranks (all-reduces the counts in place first); NaN when a class is absent. Sets
         :attr:`bound`: half the share of positive-negative pairs in one bucket, the most the exact AUC can differ
-        (such a pair counts one half here, 0, 1 or one half there)."""
+        (such a pair counts one half here, 0, 1 or one half there).
+
+        Raises:
+            RuntimeError: a counted row's probability was NaN on some rank (every rank raises); the trainer
+                checks the training loss for non-finite values before every evaluation, so diverged weights stop
+                it first.
+        """
         if _dist_on():
-            both = torch.stack([self.pos, self.neg])
-            dist.all_reduce(both)
-            self.pos.copy_(both[0])
-            self.neg.copy_(both[1])
+            dist.all_reduce(self.counts)
+        nans = int(self.nans[0])
+        if nans:
+            raise RuntimeError(
+                f"histogram AUC: {nans:,} predicted probabilities are NaN (non-finite model outputs); "
+                "the model's weights or inputs hold NaN or inf"
+            )
         pos, neg = self.pos.double(), self.neg.double()
         n_pos, n_neg = float(pos.sum()), float(neg.sum())
         if n_pos == 0 or n_neg == 0:
@@ -143,6 +168,9 @@ class EvalAccumulator:
     """Collects one rank's evaluation outputs; :meth:`compute` reduces over all ranks.
 
     Only rows with weight > 0 count (evaluation batches are padded so every rank runs the same number of steps).
+    :meth:`update` never syncs the host and allocates only tensors of the batch's shape: rows are masked by
+    ``torch.where``, not dropped, so that a padding row's NaN does not reach the sums; with ``histogram`` it can
+    run inside a captured CUDA graph (``exact`` appends to lists, which a replay would not).
 
     Args:
         device: where running sums live.
@@ -156,33 +184,33 @@ class EvalAccumulator:
         self.method = auc_method
         # sum of BCE (nats), rows, positives, sum of predicted probabilities, correct at threshold 0.5
         self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        # exact: every batch's probabilities, labels and rows that count (bool), filtered by compute()
         self.preds: List[torch.Tensor] = []
         self.labels: List[torch.Tensor] = []
+        self.keeps: List[torch.Tensor] = []
         self.hist: Optional[AUCHistogram] = AUCHistogram(device) if auc_method == "histogram" else None
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor, weight: Optional[torch.Tensor] = None) -> None:
-        """Add a batch: logits float ``[B]``, labels 0/1 ``[B]``, weight ``[B]`` (rows with 0 are ignored)."""
+        """Add a batch: logits float ``[B]``, labels 0/1 ``[B]``, weight ``[B]`` (rows with 0 are ignored, whatever
+        their logits). Sync-free; a NaN logit on a counted row makes ``histogram``'s :meth:`compute` raise."""
         logits = logits.detach().float().reshape(-1).to(self.device)
         labels = labels.detach().float().reshape(-1).to(self.device)
-        if weight is not None:
-            keep = weight.to(self.device) > 0
-            logits, labels = logits[keep], labels[keep]
+        if weight is None:
+            keep = torch.ones_like(labels, dtype=torch.bool)
+        else:
+            keep = weight.detach().reshape(-1).to(self.device) > 0
         probs = torch.sigmoid(logits)
-        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double(), reduction="sum")
-        self.sums += torch.stack(
-            [
-                bce,
-                torch.tensor(float(labels.numel()), dtype=torch.float64, device=self.device),
-                labels.double().sum(),
-                probs.double().sum(),
-                ((probs >= 0.5).double() == labels.double()).double().sum(),
-            ]
-        )
+        y = labels.double()
+        p = probs.double()
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), y, reduction="none")
+        per_row = torch.stack([bce, torch.ones_like(y), y, p, ((probs >= 0.5).double() == y).double()])
+        self.sums += torch.where(keep, per_row, 0.0).sum(dim=1)
         if self.hist is not None:
-            self.hist.update(probs, labels)
+            self.hist.update(probs, labels, keep)
         else:
             self.preds.append(probs)
             self.labels.append(labels)
+            self.keeps.append(keep)
 
     def compute(self) -> Dict[str, float]:
         """Metrics over all ranks, the same on every rank.
@@ -194,6 +222,9 @@ class EvalAccumulator:
             logloss divided by the entropy of the mean label, < 1 beats predicting the average CTR); ``accuracy``
             (threshold 0.5); ``calibration`` (mean prediction / mean label, 1 is calibrated); ``ctr`` (mean label);
             ``samples`` (int).
+
+        Raises:
+            RuntimeError: ``histogram``, a counted row's logit was NaN (:meth:`AUCHistogram.compute`).
         """
         sums = self.sums.clone()
         if _dist_on():
@@ -206,7 +237,8 @@ class EvalAccumulator:
         else:
             preds = torch.cat(self.preds) if self.preds else torch.zeros(0, device=self.device)
             labels = torch.cat(self.labels) if self.labels else torch.zeros(0, device=self.device)
-            auc = global_auc(preds, labels)
+            keep = torch.cat(self.keeps) if self.keeps else torch.zeros(0, dtype=torch.bool, device=self.device)
+            auc = global_auc(preds[keep], labels[keep])
         nan = float("nan")
         ctr = n_pos / n if n else nan
         logloss = bce / n if n else nan
@@ -303,7 +335,7 @@ class MetricWindow:
         if with_auc:
             self.hist.reset()
             keep = torch.repeat_interleave(kept, torch.tensor([t.numel() for t in self.logits], device=kept.device))
-            self.hist.update(torch.sigmoid(torch.cat(self.logits).float())[keep], torch.cat(self.labels)[keep])
+            self.hist.update(torch.sigmoid(torch.cat(self.logits).float()), torch.cat(self.labels), keep)
             auc = self.hist.compute()
         out = {
             "loss": float(vec[0] / vec[1]) if vec[1] > 0 else float("nan"),
