@@ -159,6 +159,16 @@ def test_dockerfile_is_multistage_and_runs_train_py() -> None:
     assert re.search(r"pip install -e \.", DOCKERFILE) and "pip install --no-deps -e ." in DOCKERFILE
 
 
+def test_dockerfile_dependency_layer_does_not_copy_the_readme() -> None:
+    """The layer that installs the dependencies is rebuilt only when pyproject.toml changes: it makes the empty
+    README.md pyproject's readme= needs, and the source (real README included) comes after it."""
+    deps = DOCKERFILE.index("pip install -e .[wandb]")
+    copies = re.findall(r"^COPY (?!--from)(.*)$", DOCKERFILE[:deps], re.M)
+    assert copies == ["pyproject.toml ./"] and PYPROJECT["project"]["readme"] == "README.md"
+    assert "touch dlrm/__init__.py README.md" in DOCKERFILE[:deps]
+    assert re.search(r"^COPY \. \.$", DOCKERFILE, re.M).start() > deps
+
+
 def test_pyproject_and_requirements_pin_the_same_versions() -> None:
     reqs = _pins((REPO / "requirements.txt").read_text().splitlines())
     project = PYPROJECT["project"]
