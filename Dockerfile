@@ -42,9 +42,11 @@ RUN --mount=type=cache,target=/root/.cache/pip set -e; case "$STACK" in \
 WORKDIR /workspace/dlrm
 # Dependencies first (pyproject.toml changes less often than the code, so this layer stays cached), with the
 # `wandb` extra so that logger=[...,wandb] runs in the image. Unquoted: sh leaves .[wandb] as it is (no file matches).
-COPY pyproject.toml README.md ./
-RUN --mount=type=cache,target=/root/.cache/pip mkdir -p dlrm && touch dlrm/__init__.py \
-    && pip install -e .[wandb] && rm -rf dlrm
+# pyproject's readme= needs a README.md to install: an empty one here, so that an edit of the README does not
+# rebuild this layer (COPY . . below brings the real one).
+COPY pyproject.toml ./
+RUN --mount=type=cache,target=/root/.cache/pip mkdir -p dlrm && touch dlrm/__init__.py README.md \
+    && pip install -e .[wandb] && rm -rf dlrm README.md
 COPY . .
 # Editable: the configs in conf/ are read from /workspace/dlrm, and torchx's workspace patching (COPY . . over
 # this directory) takes effect without reinstalling. The check fails the build on a drifted stack, and on a

@@ -2,7 +2,8 @@
 #   make train   creates .venv (pinned CPU stack) when missing, then trains on the embedded default
 #   make test    same set-up, then the linter, the format check and the test suite (what .ci/run calls)
 # On a GPU host add STACK=gpu (make train STACK=gpu, make test STACK=gpu, make venv STACK=gpu): the CUDA 13.0
-# stack verified on H200. One .venv holds one stack: `make clean` before switching.
+# stack verified on H200. STACK=cpu-1.9: the CPU stack of the newest TorchRec (1.9). One .venv holds one stack:
+# `make clean` before switching.
 #   make integration   as root: a Slurm cluster and the CPU image, started and built by tests/integration
 #                      (installs the Debian packages it needs; .ci/run calls it after make test)
 # Extra arguments: make train ARGS="model=dlrm_v2 trainer.max_steps=100"   make test PYTEST_ARGS="-k tsv"
@@ -23,31 +24,39 @@ PYTEST_ARGS ?=
 # Each stack in install order: torch, its FBGEMM build, torchrec. torchrec goes in last (after requirements.txt)
 # and without its declared dependencies (fbgemm-gpu, torchmetrics==1.0.3): they would replace the FBGEMM build
 # and the torchmetrics 1.9.0 pin, and pip checks declared pins only on installs that resolve dependencies.
-# The GPU pins are the Dockerfile's; tests/test_launch_packaging.py checks both against `make -n`.
+# The GPU pins are the Dockerfile's; tests/test_launch_packaging.py checks every stack against `make -n`.
+# STACK=cpu-1.9 (opt-in): the newest TorchRec series on CPU, torch 2.14.1 + fbgemm-gpu-cpu 1.9.0 + torchrec 1.9.2.
+# It is not the default: torch 2.14's CPU build is published only on PyTorch's CPU wheel index, and PyPI's torch
+# 2.14.1 is the CUDA build, several GB with its CUDA libraries (it runs on CPU too). For the CPU build:
+#   make venv STACK=cpu-1.9 TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+STAMPS := $(VENV)/.installed $(VENV)/.installed-gpu $(VENV)/.installed-cpu-1.9
 ifeq ($(STACK),cpu)
 STAMP := $(VENV)/.installed
-OTHER := $(VENV)/.installed-gpu
-OTHER_STACK := GPU
 TORCH := torch==2.13.0 $(TORCH_PIP_ARGS)
 FBGEMM := fbgemm-gpu-cpu==1.8.0
 TORCHREC := torchrec==1.8.0
+else ifeq ($(STACK),cpu-1.9)
+STAMP := $(VENV)/.installed-cpu-1.9
+TORCH := torch==2.14.1 $(TORCH_PIP_ARGS)
+FBGEMM := fbgemm-gpu-cpu==1.9.0
+TORCHREC := torchrec==1.9.2
 else ifeq ($(STACK),gpu)
 STAMP := $(VENV)/.installed-gpu
-OTHER := $(VENV)/.installed
-OTHER_STACK := CPU
 TORCH := torch==2.11.0 --index-url $(TORCH_INDEX_URL)
 FBGEMM := fbgemm-gpu==1.6.0 --index-url $(TORCH_INDEX_URL)
 TORCHREC := torchrec==1.6.1
 else
-$(error STACK=$(STACK): use STACK=cpu (the default) or STACK=gpu)
+$(error STACK=$(STACK): use STACK=cpu (the default), STACK=gpu or STACK=cpu-1.9)
 endif
+# the stack a stamp file marks, for the error that refuses to overlay it with another
+stack_of = $(if $(filter %/.installed-gpu,$1),GPU,$(if $(filter %/.installed-cpu-1.9,$1),CPU 1.9,CPU))
 
 .PHONY: train test integration venv clean
 
 venv: $(STAMP)
 
 $(STAMP): requirements.txt Makefile
-	@if [ -e $(OTHER) ]; then echo "error: $(VENV) holds the $(OTHER_STACK) stack, not STACK=$(STACK): run make clean first, or install this one beside it with VENV=.venv-$(STACK)" >&2; exit 2; fi
+	@$(foreach o,$(filter-out $(STAMP),$(STAMPS)),if [ -e $(o) ]; then echo "error: $(VENV) holds the $(call stack_of,$(o)) stack, not STACK=$(STACK): run make clean first, or install this one beside it with VENV=.venv-$(STACK)" >&2; exit 2; fi;)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q $(FBGEMM)

@@ -17,8 +17,8 @@ project touches them.
 a TorchRec or torch upgrade that changes one fails there, naming it.
 
 Importing this module checks the installed TorchRec against :data:`SUPPORTED_TORCHREC` (the versions these names
-were verified on: 1.6.x with torch 2.11 on H200, 1.8.x with torch 2.13 on CPU) and refuses any other with one
-message naming both.
+were verified on: 1.6.x with torch 2.11 on H200, 1.8.x with torch 2.13 and 1.9.x with torch 2.14 on CPU) and
+refuses any other with one message naming them.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from torchrec.distributed.types import ShardedModule
 
 from dlrm.errors import UnsupportedVersionError
 
-SUPPORTED_TORCHREC = ("1.6", "1.8")  # major.minor series the private names below were verified on
+SUPPORTED_TORCHREC = ("1.6", "1.8", "1.9")  # major.minor series the private names below were verified on
 
 # name -> what the trainer relies on it for (the tests check each one by behaviour)
 PRIVATE_NAMES: Dict[str, str] = {
@@ -89,10 +89,13 @@ def check_torchrec_version(version: Optional[str] = None) -> None:
     """
     v = version if version is not None else str(getattr(torchrec, "__version__", "unknown"))
     if ".".join(v.split("+")[0].split(".")[:2]) not in SUPPORTED_TORCHREC:
+        series = [s + ".x" for s in SUPPORTED_TORCHREC]
         raise UnsupportedVersionError(
             f"torchrec {v} is installed, but this trainer relies on TorchRec internals verified on torchrec "
-            f"{' and '.join(s + '.x' for s in SUPPORTED_TORCHREC)} only (dlrm/torchrec_compat.py); install "
-            "torchrec==1.8.0 with torch 2.13 (CPU) or torchrec==1.6.1 with torch 2.11 (CUDA)"
+            f"{', '.join(series[:-1])} and {series[-1]} only (dlrm/torchrec_compat.py); install a verified stack: "
+            "torch 2.14.1, fbgemm-gpu-cpu 1.9.0 and torchrec 1.9.2 (CPU, make venv STACK=cpu-1.9), torch 2.13.0, "
+            "fbgemm-gpu-cpu 1.8.0 and torchrec 1.8.0 (CPU, make venv) or torch 2.11.0, fbgemm-gpu 1.6.0 and "
+            "torchrec 1.6.1 (CUDA, make venv STACK=gpu)"
         )
 
 

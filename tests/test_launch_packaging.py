@@ -1,6 +1,6 @@
-"""Packaging: ``make venv`` installs each stack (CPU, ``STACK=gpu``) in its order, the Dockerfile's pins agree with
-the Makefile's, pyproject.toml's and requirements.txt's, and ``pip install -e .`` gives a ``dlrm-train`` console
-script that trains like train.py from any directory.
+"""Packaging: ``make venv`` installs each stack (CPU, ``STACK=gpu``, ``STACK=cpu-1.9``) in its order, the
+Dockerfile's pins agree with the Makefile's, pyproject.toml's and requirements.txt's, and ``pip install -e .`` gives
+a ``dlrm-train`` console script that trains like train.py from any directory.
 
     .venv/bin/python -m pytest tests/test_launch_packaging.py -q
 """
@@ -77,15 +77,18 @@ def test_make_venv_installs_each_stack_in_order(tmp_path: Path) -> None:
         f"--no-deps torchrec=={docker['torchrec']}",
     ]
     assert f"pip install --no-deps torchrec=={docker['torchrec']}" in _stack_branch("gpu")
+    cpu19 = ["torch==2.14.1", "fbgemm-gpu-cpu==1.9.0", "-r requirements.txt", "--no-deps torchrec==1.9.2"]
+    assert _make_steps(tmp_path, "STACK=cpu-1.9") == cpu19
+    assert _make_steps(tmp_path, "STACK=cpu-1.9", "TORCH_PIP_ARGS=--index-url X")[0] == "torch==2.14.1 --index-url X"
     extra = _pins(PYPROJECT["project"]["optional-dependencies"]["gpu"])
     assert extra == {"torch": docker["torch"], "fbgemm-gpu": docker["fbgemm-gpu"]}
     # the interpreter running this test has one of the two stacks, at its pins
     from importlib.metadata import version
 
     got = [version(p).split("+")[0] for p in ("torch", "torchrec")]
-    assert got in (["2.13.0", "1.8.0"], [docker["torch"], docker["torchrec"]])
+    assert got in (["2.13.0", "1.8.0"], ["2.14.1", "1.9.2"], [docker["torch"], docker["torchrec"]])
     readme = (REPO / "README.md").read_text()
-    assert "make venv STACK=gpu" in readme and "make train STACK=gpu" in readme
+    assert "make venv STACK=gpu" in readme and "make train STACK=gpu" in readme and "STACK=cpu-1.9" in readme
 
 
 def test_make_refuses_to_mix_stacks_in_one_venv(tmp_path: Path) -> None:
@@ -105,8 +108,13 @@ def test_make_refuses_to_mix_stacks_in_one_venv(tmp_path: Path) -> None:
     p = subprocess.run(["make", "-C", str(REPO), "venv", f"VENV={venv}"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and f"error: {venv} holds the GPU stack, not STACK=cpu" in p.stderr
     assert not (venv / "bin").exists() and not (venv / ".installed").exists()
+    (venv / ".installed-gpu").unlink()
+    (venv / ".installed-cpu-1.9").touch()  # what `make venv STACK=cpu-1.9` leaves
+    p = subprocess.run(["make", "-C", str(REPO), "venv", f"VENV={venv}"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"error: {venv} holds the CPU 1.9 stack, not STACK=cpu" in p.stderr
+    assert not (venv / "bin").exists() and not (venv / ".installed").exists()
     p = subprocess.run(["make", "-C", str(REPO), "-n", "venv", "STACK=cuda"], capture_output=True, text=True)
-    assert p.returncode == 2 and "STACK=cuda: use STACK=cpu (the default) or STACK=gpu" in p.stderr
+    assert p.returncode == 2 and "STACK=cuda: use STACK=cpu (the default), STACK=gpu or STACK=cpu-1.9" in p.stderr
 
 
 def test_dockerfile_pins_the_gpu_stack() -> None:
@@ -149,6 +157,16 @@ def test_dockerfile_is_multistage_and_runs_train_py() -> None:
     # torchx passes `bash -c "torchrun ..."` as the container command; an ENTRYPOINT would swallow it
     assert not re.search(r"^ENTRYPOINT", DOCKERFILE, re.M)
     assert re.search(r"pip install -e \.", DOCKERFILE) and "pip install --no-deps -e ." in DOCKERFILE
+
+
+def test_dockerfile_dependency_layer_does_not_copy_the_readme() -> None:
+    """The layer that installs the dependencies is rebuilt only when pyproject.toml changes: it makes the empty
+    README.md pyproject's readme= needs, and the source (real README included) comes after it."""
+    deps = DOCKERFILE.index("pip install -e .[wandb]")
+    copies = re.findall(r"^COPY (?!--from)(.*)$", DOCKERFILE[:deps], re.M)
+    assert copies == ["pyproject.toml ./"] and PYPROJECT["project"]["readme"] == "README.md"
+    assert "touch dlrm/__init__.py README.md" in DOCKERFILE[:deps]
+    assert re.search(r"^COPY \. \.$", DOCKERFILE, re.M).start() > deps
 
 
 def test_pyproject_and_requirements_pin_the_same_versions() -> None:

@@ -390,8 +390,10 @@ def test_private_name_does_what_the_trainer_relies_on(name: str, request: pytest
         ("1.6.1", True),
         ("1.8.0+cpu", True),
         ("1.6.0", True),
+        ("1.9.2", True),
+        ("1.9.0+cpu", True),
         ("1.7.0", False),
-        ("1.9.0", False),
+        ("1.10.0", False),
         ("1.5.2", False),
         ("2.0.0", False),
     ],
@@ -404,7 +406,8 @@ def test_version_check(version: str, ok: bool) -> None:
         compat.check_torchrec_version(version)
     assert str(e.value).startswith(
         f"torchrec {version} is installed, but this trainer relies on TorchRec internals "
-        "verified on torchrec 1.6.x and 1.8.x only"
+        "verified on torchrec 1.6.x, 1.8.x and 1.9.x only (dlrm/torchrec_compat.py); install a verified stack: "
+        "torch 2.14.1, fbgemm-gpu-cpu 1.9.0 and torchrec 1.9.2 (CPU, make venv STACK=cpu-1.9)"
     )
 
 
