@@ -4,15 +4,16 @@ silently."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ShardingType
 
-from dlrm.config import ShardingConfig
+from dlrm.config import ShardingConfig, TableConstraintConfig
 from dlrm.sharding.sharders import EmbeddingBagSharder
 from dlrm.sharding.types import COLUMN_TYPES, FUSED_KERNELS, WHOLE_TABLE_TYPES, GiB, PlanError, TableInfo
 
@@ -63,6 +64,19 @@ def _state_bytes_per_row(dim: int, sparse_type: str, weight_bytes: int = 4) -> i
     return weight_bytes * dim + (4 * dim if sparse_type == "adagrad" else 4)
 
 
+@dataclasses.dataclass
+class _TableChoice:
+    """What one table may use, each with the config key it comes from (named in errors): ``types`` (sharding
+    types), ``kernels`` (compute kernels; None: any the sharder offers), ``min_part`` (column shard width)."""
+
+    types: List[str]
+    type_key: str
+    kernels: Optional[List[str]]
+    kernel_key: str
+    min_part: Optional[int]
+    part_key: str
+
+
 def build_constraints(
     cfg: ShardingConfig,
     tables: Sequence[TableInfo],
@@ -77,9 +91,9 @@ def build_constraints(
     ``sharding.compute_kernel``, ``sharding.min_partition``). ``pooling_factors`` (table -> mean ids per
     sample) feeds the planner's cost model when the table has no ``pooling_factors`` of its own. A table with
     fp16 weights (``perf.embedding_dtype``) and no explicit sharding types (``sharding=auto``) is not offered
-    data_parallel (see :func:`_check_dtypes`). With ``sharding.data_parallel_max_rows``, a table of at most that
-    many rows and no ``sharding_types`` of its own is data_parallel on the dense kernel (or its own
-    ``compute_kernels``), whatever the preset says.
+    data_parallel (see :func:`dlrm.sharding.planner._check_dtypes`). With ``sharding.data_parallel_max_rows``, a
+    table of at most that many rows and no ``sharding_types`` of its own is data_parallel on the dense kernel (or
+    its own ``compute_kernels``), whatever the preset says.
 
     Raises:
         PlanError: a constraint names an unknown table; the dim is not a multiple of 4 for a fused kernel; a
@@ -95,82 +109,117 @@ def build_constraints(
         )
     runnable = sharder.sharding_types(device_type)
     out: Dict[str, ParameterConstraints] = {}
-    dp_rows = cfg.data_parallel_max_rows
     for t in tables:
         c = cfg.constraints.get(t.name)
-        ckey = f"sharding.constraints.{t.name}"
-        types = (c.sharding_types if c and c.sharding_types else cfg.sharding_types) or list(runnable)
-        type_key = f"{ckey}.sharding_types" if c and c.sharding_types else "sharding"
-        kernels = c.compute_kernels if c and c.compute_kernels else [cfg.compute_kernel] if cfg.compute_kernel else None
-        kernel_key = f"{ckey}.compute_kernels" if c and c.compute_kernels else "sharding.compute_kernel"
-        by_rows = dp_rows is not None and t.rows <= dp_rows and not (c and c.sharding_types)
-        if by_rows:
-            # the hybrid placement: small tables replicated (their pooled embeddings skip the all-to-all); the
-            # preset's kernel is for the model-parallel tables, so these take the dense one unless set per table
-            types, type_key = [ShardingType.DATA_PARALLEL.value], "sharding.data_parallel_max_rows"
-            if not (c and c.compute_kernels):
-                kernels = None
-        min_part = c.min_partition if c and c.min_partition else cfg.min_partition
-        part_key = f"{ckey}.min_partition" if c and c.min_partition else "sharding.min_partition"
-        if (
-            t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types and not by_rows
-        ):  # those are refused by _check_dtypes
-            # sharding=auto with fp16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
-            # must not pick it (it does for tiny tables on CPU, which made the plan fail after planning)
-            types = [s for s in types if s != ShardingType.DATA_PARALLEL.value]
-
-        bad = [s for s in types if s not in runnable]
-        if bad:
-            raise PlanError(
-                f"table {t.name}: config key `{type_key}` asks for {bad[0]}, which the "
-                f"{device_type} backend cannot run (it runs {', '.join(runnable)}); pick one of those"
-            )
-        if kernels is not None:
-            for s in types:
-                ok = sharder.compute_kernels(s, device_type)
-                if not any(k in ok for k in kernels):
-                    need = (
-                        " (needs CUDA)"
-                        if device_type != "cuda" and any(k.startswith("fused_uvm") for k in kernels)
-                        else ""
-                    )
-                    raise PlanError(
-                        f"table {t.name}: config key `{kernel_key}` = {kernels} cannot run {s} tables "
-                        f"on {device_type}{need}; kernels for {s} there: {', '.join(ok)}"
-                    )
-        fused_possible = any(s != ShardingType.DATA_PARALLEL.value for s in types) and (
-            kernels is None or any(k in FUSED_KERNELS for k in kernels)
-        )
-        if fused_possible and t.dim % 4:
-            raise PlanError(
-                f"table {t.name}: embedding_dim {t.dim} is not a multiple of 4, which FBGEMM's fused "
-                f"TBE kernels need; set model.embedding_dim to a multiple of 4 (e.g. {t.dim + 4 - t.dim % 4}),"
-                f" or sharding=data_parallel (dense kernel)"
-            )
-        if min_part is not None and any(s in COLUMN_TYPES for s in types):
-            if min_part % 4 or t.dim % min_part:
-                divisors = [w for w in range(4, t.dim + 1, 4) if t.dim % w == 0]
-                raise PlanError(
-                    f"table {t.name}: config key `{part_key}` = {min_part} is not a column shard width "
-                    f"for embedding_dim {t.dim}: it must be a multiple of 4 that divides {t.dim} "
-                    f"({', '.join(map(str, divisors)) or 'none: make the dim a multiple of 4'})"
-                )
-        pf = (
-            c.pooling_factors
-            if c and c.pooling_factors
-            else [float(pooling_factors[t.name])] * len(t.features)
-            if pooling_factors and t.name in pooling_factors
-            else [1.0] * len(t.features)
-        )
+        choice = _choose(cfg, t, runnable)
+        _check_runnable(t, choice, sharder, runnable, device_type)
+        _check_widths(t, choice)
         out[t.name] = ParameterConstraints(
-            sharding_types=list(types),
-            compute_kernels=list(kernels) if kernels else None,
-            min_partition=min_part,
-            pooling_factors=pf,
+            sharding_types=list(choice.types),
+            compute_kernels=list(choice.kernels) if choice.kernels else None,
+            min_partition=choice.min_part,
+            pooling_factors=_pooling_factors_of(t, c, pooling_factors),
             num_poolings=c.num_poolings if c else None,
             batch_sizes=c.batch_sizes if c else None,
         )
     return out
+
+
+def _choose(cfg: ShardingConfig, t: TableInfo, runnable: Sequence[str]) -> _TableChoice:
+    """Table ``t``'s sharding types, kernels and column shard width: ``sharding.constraints.<table>`` over the
+    preset, ``sharding.data_parallel_max_rows`` over both for a table without its own types, all of ``runnable``
+    (the sharder's types on this device) where nothing is set, and no data_parallel for fp16 tables under
+    ``sharding=auto``."""
+    c = cfg.constraints.get(t.name)
+    ckey = f"sharding.constraints.{t.name}"
+    dp_rows = cfg.data_parallel_max_rows
+    types = (c.sharding_types if c and c.sharding_types else cfg.sharding_types) or list(runnable)
+    type_key = f"{ckey}.sharding_types" if c and c.sharding_types else "sharding"
+    kernels = c.compute_kernels if c and c.compute_kernels else [cfg.compute_kernel] if cfg.compute_kernel else None
+    kernel_key = f"{ckey}.compute_kernels" if c and c.compute_kernels else "sharding.compute_kernel"
+    by_rows = dp_rows is not None and t.rows <= dp_rows and not (c and c.sharding_types)
+    if by_rows:
+        # the hybrid placement: small tables replicated (their pooled embeddings skip the all-to-all); the
+        # preset's kernel is for the model-parallel tables, so these take the dense one unless set per table
+        types, type_key = [ShardingType.DATA_PARALLEL.value], "sharding.data_parallel_max_rows"
+        if not (c and c.compute_kernels):
+            kernels = None
+    min_part = c.min_partition if c and c.min_partition else cfg.min_partition
+    part_key = f"{ckey}.min_partition" if c and c.min_partition else "sharding.min_partition"
+    if (
+        t.weight_bytes != 4 and not (c and c.sharding_types) and not cfg.sharding_types and not by_rows
+    ):  # those are refused by _check_dtypes
+        # sharding=auto with fp16 weights: data_parallel cannot hold them (_check_dtypes), so the planner
+        # must not pick it (it does for tiny tables on CPU, which made the plan fail after planning)
+        types = [s for s in types if s != ShardingType.DATA_PARALLEL.value]
+    return _TableChoice(types, type_key, kernels, kernel_key, min_part, part_key)
+
+
+def _check_runnable(
+    t: TableInfo, choice: _TableChoice, sharder: Any, runnable: Sequence[str], device_type: str
+) -> None:
+    """Refuse a sharding type the sharder does not offer on ``device_type``, or kernels that run none of them.
+
+    Raises:
+        PlanError: naming the table, the config key, and what the device runs.
+    """
+    bad = [s for s in choice.types if s not in runnable]
+    if bad:
+        raise PlanError(
+            f"table {t.name}: config key `{choice.type_key}` asks for {bad[0]}, which the "
+            f"{device_type} backend cannot run (it runs {', '.join(runnable)}); pick one of those"
+        )
+    kernels = choice.kernels
+    if kernels is not None:
+        for s in choice.types:
+            ok = sharder.compute_kernels(s, device_type)
+            if not any(k in ok for k in kernels):
+                need = (
+                    " (needs CUDA)" if device_type != "cuda" and any(k.startswith("fused_uvm") for k in kernels) else ""
+                )
+                raise PlanError(
+                    f"table {t.name}: config key `{choice.kernel_key}` = {kernels} cannot run {s} tables "
+                    f"on {device_type}{need}; kernels for {s} there: {', '.join(ok)}"
+                )
+
+
+def _check_widths(t: TableInfo, choice: _TableChoice) -> None:
+    """Refuse a dim that FBGEMM's fused kernels cannot run (not a multiple of 4), and a column shard width that is
+    not a multiple of 4 dividing the dim (TorchRec would silently widen the shard).
+
+    Raises:
+        PlanError: naming the table, the config key, and dims or widths that work.
+    """
+    fused_possible = any(s != ShardingType.DATA_PARALLEL.value for s in choice.types) and (
+        choice.kernels is None or any(k in FUSED_KERNELS for k in choice.kernels)
+    )
+    if fused_possible and t.dim % 4:
+        raise PlanError(
+            f"table {t.name}: embedding_dim {t.dim} is not a multiple of 4, which FBGEMM's fused "
+            f"TBE kernels need; set model.embedding_dim to a multiple of 4 (e.g. {t.dim + 4 - t.dim % 4}),"
+            f" or sharding=data_parallel (dense kernel)"
+        )
+    min_part = choice.min_part
+    if min_part is not None and any(s in COLUMN_TYPES for s in choice.types):
+        if min_part % 4 or t.dim % min_part:
+            divisors = [w for w in range(4, t.dim + 1, 4) if t.dim % w == 0]
+            raise PlanError(
+                f"table {t.name}: config key `{choice.part_key}` = {min_part} is not a column shard width "
+                f"for embedding_dim {t.dim}: it must be a multiple of 4 that divides {t.dim} "
+                f"({', '.join(map(str, divisors)) or 'none: make the dim a multiple of 4'})"
+            )
+
+
+def _pooling_factors_of(
+    t: TableInfo, c: Optional[TableConstraintConfig], pooling_factors: Optional[Dict[str, float]]
+) -> List[float]:
+    """Mean ids per sample of each of ``t``'s features: the table's own ``pooling_factors``, else its entry in
+    ``pooling_factors`` (table -> mean ids per sample), else 1."""
+    if c and c.pooling_factors:
+        return c.pooling_factors
+    if pooling_factors and t.name in pooling_factors:
+        return [float(pooling_factors[t.name])] * len(t.features)
+    return [1.0] * len(t.features)
 
 
 def _check_fits(
