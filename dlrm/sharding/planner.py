@@ -134,25 +134,12 @@ def plan_model(
     topo = topology(world_size, local_world_size, device.type, cfg, device)
     hbm_cap, ddr_cap = int(topo.devices[0].storage.hbm), int(topo.devices[0].storage.ddr)
     if cfg.plan_path:
-        pi = _check_dtypes(
-            load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap), tables
-        )
-        if constraint_hook is not None:
-            wanted = constraint_hook({t.name: ParameterConstraints() for t in tables}) or {}
-            _apply_constraint_kernels(pi, wanted, cfg.plan_path)
-        return pi
+        pi = load_plan(cfg.plan_path, tables, world_size, local_world_size, device.type, hbm_cap, ddr_cap)
+        return _checked_loaded_plan(pi, tables, cfg.plan_path, constraint_hook)
     sharder = EmbeddingBagSharder()
     constraints = build_constraints(cfg, tables, device.type, pooling_factors, sharder)
     if world_size == 1 and not cfg.sharding_types:
-        # One rank holds every table whatever the type; TorchRec's planner then picks among equal-memory layouts by
-        # small cost-model differences (table_wise, table_column_wise or column_wise, depending on the HBM cap),
-        # and the column-split ones keep more TBE groups and launch more kernels per step.
-        # table_wise is the layout stock TorchRec gets on one GPU.
-        for name, c in constraints.items():
-            explicit = cfg.constraints.get(name)
-            kept = c.sharding_types == [ShardingType.DATA_PARALLEL.value]  # sharding.data_parallel_max_rows
-            if not (explicit and explicit.sharding_types) and not kept:
-                c.sharding_types = [ShardingType.TABLE_WISE.value]
+        _table_wise_on_one_rank(constraints, cfg)
     if constraint_hook is not None:
         constraints = constraint_hook(constraints)
     _check_fits(tables, constraints, topo, cfg, sparse_type)
@@ -170,32 +157,86 @@ def plan_model(
     try:
         plan = planner.plan(model, all_sharders)
     except PlannerError as e:
-        per_row = {t.name: _state_bytes_per_row(t.dim, sparse_type, t.weight_bytes) for t in tables}
-        biggest = max(tables, key=lambda t: t.rows * per_row[t.name])
-        need = biggest.rows * per_row[biggest.name]
-        cap = (hbm_cap if device.type == "cuda" else ddr_cap) * (1 - cfg.storage_reservation)
-        total = sum(t.rows * per_row[t.name] for t in tables)
-        if total > cap * world_size:
-            why = (
-                f"Together they need at least {math.ceil(total / cap)} ranks of this size. Options: use more GPUs, "
-                f"keep tables in host memory with an HBM cache (offload=uvm_caching pipeline=prefetch, CUDA only), "
-                f"fewer rows (model.row_cap), or raise sharding.hbm_cap_gb / ddr_cap_gb if the device has more"
-            )
-        elif need > cap:
-            why = "Largest: " + _too_big(biggest, need, int(cap), device.type == "cuda")
-        else:
-            why = (
-                f"The tables fit by size ({world_size} x {cap / GiB:.2f} GiB), so the planner's estimate of the "
-                f"other memory at batch size {batch_size} per rank (input and output buffers) does not: lower "
-                f"data.batch_size or sharding.storage_reservation, or use more GPUs"
-            )
-        raise PlanError(
-            f"the planner found no placement for {len(tables)} tables on {world_size} rank{'s' * (world_size != 1)} "
-            f"({total / GiB:.2f} GiB of weights and optimizer state in all, about {cap / GiB:.2f} GiB per rank "
-            f"usable). {why}\nTorchRec planner: {str(e).splitlines()[0]}"
-        ) from e
+        mem_cap = hbm_cap if device.type == "cuda" else ddr_cap
+        raise _no_placement(e, tables, cfg, sparse_type, world_size, batch_size, mem_cap, device.type) from e
+    shards = _shards_of(stats.best_plan)
+    pi = _check_dtypes(PlanInfo(plan, world_size, local_world_size, device.type, hbm_cap, ddr_cap, shards), tables)
+    return _check_half_precision_state(pi, tables, sparse_type, cfg)
+
+
+def _checked_loaded_plan(
+    pi: PlanInfo, tables: Sequence[TableInfo], path: str, constraint_hook: Optional[ConstraintHook]
+) -> PlanInfo:
+    """A plan read from ``path`` (``sharding.plan_path``), held to the dtype rule and to the kernels and cache
+    parameters ``constraint_hook`` sets.
+
+    Raises:
+        PlanError: see :func:`_check_dtypes`, :func:`_apply_constraint_kernels`.
+    """
+    pi = _check_dtypes(pi, tables)
+    if constraint_hook is not None:
+        wanted = constraint_hook({t.name: ParameterConstraints() for t in tables}) or {}
+        _apply_constraint_kernels(pi, wanted, path)
+    return pi
+
+
+def _table_wise_on_one_rank(constraints: Dict[str, ParameterConstraints], cfg: ShardingConfig) -> None:
+    """Constrain every table to table_wise on a one-rank job whose preset names no sharding type, except tables
+    with their own ``sharding_types`` and those ``sharding.data_parallel_max_rows`` makes data_parallel."""
+    # One rank holds every table whatever the type; TorchRec's planner then picks among equal-memory layouts by
+    # small cost-model differences (table_wise, table_column_wise or column_wise, depending on the HBM cap),
+    # and the column-split ones keep more TBE groups and launch more kernels per step.
+    # table_wise is the layout stock TorchRec gets on one GPU.
+    for name, c in constraints.items():
+        explicit = cfg.constraints.get(name)
+        kept = c.sharding_types == [ShardingType.DATA_PARALLEL.value]  # sharding.data_parallel_max_rows
+        if not (explicit and explicit.sharding_types) and not kept:
+            c.sharding_types = [ShardingType.TABLE_WISE.value]
+
+
+def _no_placement(
+    e: PlannerError,
+    tables: Sequence[TableInfo],
+    cfg: ShardingConfig,
+    sparse_type: str,
+    world_size: int,
+    batch_size: int,
+    mem_cap: int,
+    device_type: str,
+) -> PlanError:
+    """The error for a planner that found no placement: whether the tables exceed all ranks' memory together,
+    the largest alone exceeds one rank's, or the other buffers the planner counts do, with the options for each.
+    ``mem_cap``: bytes per rank of HBM (``cuda``) or host memory, before ``sharding.storage_reservation``."""
+    per_row = {t.name: _state_bytes_per_row(t.dim, sparse_type, t.weight_bytes) for t in tables}
+    biggest = max(tables, key=lambda t: t.rows * per_row[t.name])
+    need = biggest.rows * per_row[biggest.name]
+    cap = mem_cap * (1 - cfg.storage_reservation)
+    total = sum(t.rows * per_row[t.name] for t in tables)
+    if total > cap * world_size:
+        why = (
+            f"Together they need at least {math.ceil(total / cap)} ranks of this size. Options: use more GPUs, "
+            f"keep tables in host memory with an HBM cache (offload=uvm_caching pipeline=prefetch, CUDA only), "
+            f"fewer rows (model.row_cap), or raise sharding.hbm_cap_gb / ddr_cap_gb if the device has more"
+        )
+    elif need > cap:
+        why = "Largest: " + _too_big(biggest, need, int(cap), device_type == "cuda")
+    else:
+        why = (
+            f"The tables fit by size ({world_size} x {cap / GiB:.2f} GiB), so the planner's estimate of the "
+            f"other memory at batch size {batch_size} per rank (input and output buffers) does not: lower "
+            f"data.batch_size or sharding.storage_reservation, or use more GPUs"
+        )
+    return PlanError(
+        f"the planner found no placement for {len(tables)} tables on {world_size} rank{'s' * (world_size != 1)} "
+        f"({total / GiB:.2f} GiB of weights and optimizer state in all, about {cap / GiB:.2f} GiB per rank "
+        f"usable). {why}\nTorchRec planner: {str(e).splitlines()[0]}"
+    )
+
+
+def _shards_of(best_plan: Sequence[Any]) -> List[Dict[str, Any]]:
+    """:attr:`PlanInfo.shards` from the planner's chosen ``ShardingOption`` list (``_CaptureStats.best_plan``)."""
     shards = []
-    for so in stats.best_plan:
+    for so in best_plan:
         for sh in so.shards:
             st = sh.storage
             shards.append(
@@ -211,8 +252,7 @@ def plan_model(
                     "ddr_bytes": int(st.ddr) if st else None,
                 }
             )
-    pi = _check_dtypes(PlanInfo(plan, world_size, local_world_size, device.type, hbm_cap, ddr_cap, shards), tables)
-    return _check_half_precision_state(pi, tables, sparse_type, cfg)
+    return shards
 
 
 def _check_half_precision_state(
