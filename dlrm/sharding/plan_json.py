@@ -8,7 +8,7 @@ import json
 from typing import Any, Dict, Sequence
 
 from torchrec.distributed.sharding_plan import placement
-from torchrec.distributed.types import ParameterSharding, ShardingPlan, ShardingType
+from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan, ShardingType
 
 from dlrm.errors import InputError
 from dlrm.sharding.sharders import EmbeddingBagSharder
@@ -16,6 +16,7 @@ from dlrm.sharding.types import PlanError, PlanInfo, TableInfo
 from dlrm.torchrec_compat import EnumerableShardingSpec, ShardMetadata
 
 PLAN_FORMAT = "dlrm-plan/1"
+_KEY = "config key `sharding.plan_path`"  # the key every load_plan error names
 
 
 def plan_to_json(pi: PlanInfo) -> Dict[str, Any]:
@@ -104,21 +105,20 @@ def load_plan(
         PlanError: unreadable file; a different world size; a table missing from the model or the plan; shards
             that do not tile the table; a kernel this device cannot run.
     """
-    key = "config key `sharding.plan_path`"
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError) as e:
-        raise PlanError(f"{key}: cannot read {path}: {e}") from e
+        raise PlanError(f"{_KEY}: cannot read {path}: {e}") from e
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
-        raise PlanError(f"{key}: {path} is not a plan.json ({PLAN_FORMAT}); write one with python -m dlrm.plan")
+        raise PlanError(f"{_KEY}: {path} is not a plan.json ({PLAN_FORMAT}); write one with python -m dlrm.plan")
     try:
         return _plan_from_json(doc, path, tables, world_size, local_world_size, device_type, hbm_cap, ddr_cap)
     except InputError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PlanError(
-            f"{key}: {path} is damaged or hand-edited ({type(e).__name__}: {e}); write it again with python -m "
+            f"{_KEY}: {path} is damaged or hand-edited ({type(e).__name__}: {e}); write it again with python -m "
             "dlrm.plan ... out=<file>, or drop sharding.plan_path to re-plan"
         ) from e
 
@@ -135,10 +135,9 @@ def _plan_from_json(
 ) -> PlanInfo:
     """:func:`load_plan`'s checks and rebuild of a parsed ``plan.json`` (a missing or mistyped field raises
     KeyError / TypeError / ValueError, which :func:`load_plan` reports)."""
-    key = "config key `sharding.plan_path`"
     if doc["world_size"] != world_size:
         raise PlanError(
-            f"{key}: {path} places tables on {doc['world_size']} ranks but this job has {world_size}; "
+            f"{_KEY}: {path} places tables on {doc['world_size']} ranks but this job has {world_size}; "
             f"launch {doc['world_size']} processes, or drop sharding.plan_path to re-plan"
         )
     by_name = {t.name: t for t in tables}
@@ -146,7 +145,7 @@ def _plan_from_json(
     if named != set(by_name):
         extra, missing = sorted(named - set(by_name)), sorted(set(by_name) - named)
         raise PlanError(
-            f"{key}: {path} does not match the model: tables not in the model {extra}, tables not in "
+            f"{_KEY}: {path} does not match the model: tables not in the model {extra}, tables not in "
             f"the plan {missing}; re-plan for this model (drop sharding.plan_path)"
         )
     sharder = EmbeddingBagSharder()
@@ -159,60 +158,78 @@ def _plan_from_json(
             stype, device_type
         ):
             raise PlanError(
-                f"{key}: table {info.name} is {stype} / {kernel} in {path}, which {device_type} cannot "
+                f"{_KEY}: table {info.name} is {stype} / {kernel} in {path}, which {device_type} cannot "
                 "run; re-plan on this device (drop sharding.plan_path)"
             )
-        area = 0
-        for s in t["shards"]:
-            r0, c0 = s["offsets"]
-            r, c = s["sizes"]
-            if not (0 <= s["rank"] < world_size and r0 + r <= info.rows and c0 + c <= info.dim):
-                raise PlanError(
-                    f"{key}: table {info.name} in {path}: shard {s} lies outside the {info.rows} x "
-                    f"{info.dim} table or the {world_size} ranks; re-plan for this model"
-                )
-            area += r * c
-            shards.append(
-                {"module": t["module"], "table": info.name, "sharding_type": stype, "compute_kernel": kernel, **s}
-            )
-        if list(t["ranks"]) != [s["rank"] for s in t["shards"]]:  # TorchRec places shard i on ranks[i]
-            raise PlanError(
-                f"{key}: table {info.name} in {path}: ranks {t['ranks']} do not list its shards' ranks "
-                f"{[s['rank'] for s in t['shards']]} in order; re-plan for this model (drop sharding.plan_path)"
-            )
-        if stype != ShardingType.DATA_PARALLEL.value:
-            boxes = [(*s["offsets"], *s["sizes"]) for s in t["shards"]]
-            for i, (r0, c0, r, c) in enumerate(boxes):
-                for q0, d0, q, d in boxes[i + 1 :]:
-                    if r0 < q0 + q and q0 < r0 + r and c0 < d0 + d and d0 < c0 + c:
-                        raise PlanError(
-                            f"{key}: table {info.name} in {path}: shards at rows {r0}, cols {c0} and rows {q0}, "
-                            f"cols {d0} overlap; re-plan for this model (drop sharding.plan_path)"
-                        )
-        expect = info.rows * info.dim * (world_size if stype == ShardingType.DATA_PARALLEL.value else 1)
-        if area != expect:
-            raise PlanError(
-                f"{key}: table {info.name} in {path}: its shards cover {area} of {expect} "
-                f"elements of the {info.rows} x {info.dim} table; re-plan for this model"
-            )
-        spec = (
-            None
-            if stype == ShardingType.DATA_PARALLEL.value
-            else EnumerableShardingSpec(
-                [
-                    ShardMetadata(
-                        shard_offsets=list(s["offsets"]),
-                        shard_sizes=list(s["sizes"]),
-                        placement=placement(device_type, s["rank"], local_world_size),
-                    )
-                    for s in t["shards"]
-                ]
-            )
-        )
-        plan.setdefault(t["module"], {})[info.name] = ParameterSharding(
-            sharding_type=stype, compute_kernel=kernel, ranks=list(t["ranks"]), sharding_spec=spec
-        )
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan
-
+        _check_tiling(t, info, path, world_size)
+        shards += [
+            {"module": t["module"], "table": info.name, "sharding_type": stype, "compute_kernel": kernel, **s}
+            for s in t["shards"]
+        ]
+        plan.setdefault(t["module"], {})[info.name] = _parameter_sharding(t, device_type, local_world_size)
     sp = ShardingPlan({m: EmbeddingModuleShardingPlan(p) for m, p in plan.items()})
     return PlanInfo(sp, world_size, local_world_size, device_type, hbm_cap, ddr_cap, shards, source=path)
+
+
+def _check_tiling(t: Dict[str, Any], info: TableInfo, path: str, world_size: int) -> None:
+    """Check that the shards of table entry ``t`` (of the ``plan.json`` at ``path``) tile the ``info.rows`` x
+    ``info.dim`` table on ranks below ``world_size``: inside it, listed in ``ranks`` in order, not overlapping,
+    and covering it (once per rank for data_parallel).
+
+    Raises:
+        PlanError: naming the table, the file and the shard at fault.
+    """
+    area = 0
+    for s in t["shards"]:
+        r0, c0 = s["offsets"]
+        r, c = s["sizes"]
+        if not (0 <= s["rank"] < world_size and r0 + r <= info.rows and c0 + c <= info.dim):
+            raise PlanError(
+                f"{_KEY}: table {info.name} in {path}: shard {s} lies outside the {info.rows} x "
+                f"{info.dim} table or the {world_size} ranks; re-plan for this model"
+            )
+        area += r * c
+    if list(t["ranks"]) != [s["rank"] for s in t["shards"]]:  # TorchRec places shard i on ranks[i]
+        raise PlanError(
+            f"{_KEY}: table {info.name} in {path}: ranks {t['ranks']} do not list its shards' ranks "
+            f"{[s['rank'] for s in t['shards']]} in order; re-plan for this model (drop sharding.plan_path)"
+        )
+    replicated = t["sharding_type"] == ShardingType.DATA_PARALLEL.value
+    if not replicated:
+        boxes = [(*s["offsets"], *s["sizes"]) for s in t["shards"]]
+        for i, (r0, c0, r, c) in enumerate(boxes):
+            for q0, d0, q, d in boxes[i + 1 :]:
+                if r0 < q0 + q and q0 < r0 + r and c0 < d0 + d and d0 < c0 + c:
+                    raise PlanError(
+                        f"{_KEY}: table {info.name} in {path}: shards at rows {r0}, cols {c0} and rows {q0}, "
+                        f"cols {d0} overlap; re-plan for this model (drop sharding.plan_path)"
+                    )
+    expect = info.rows * info.dim * (world_size if replicated else 1)
+    if area != expect:
+        raise PlanError(
+            f"{_KEY}: table {info.name} in {path}: its shards cover {area} of {expect} "
+            f"elements of the {info.rows} x {info.dim} table; re-plan for this model"
+        )
+
+
+def _parameter_sharding(t: Dict[str, Any], device_type: str, local_world_size: int) -> ParameterSharding:
+    """TorchRec's ``ParameterSharding`` of the checked table entry ``t``: its shards as an
+    ``EnumerableShardingSpec`` placed on ``device_type`` ranks (none for a data_parallel replica)."""
+    stype = t["sharding_type"]
+    spec = (
+        None
+        if stype == ShardingType.DATA_PARALLEL.value
+        else EnumerableShardingSpec(
+            [
+                ShardMetadata(
+                    shard_offsets=list(s["offsets"]),
+                    shard_sizes=list(s["sizes"]),
+                    placement=placement(device_type, s["rank"], local_world_size),
+                )
+                for s in t["shards"]
+            ]
+        )
+    )
+    return ParameterSharding(
+        sharding_type=stype, compute_kernel=t["compute_kernel"], ranks=list(t["ranks"]), sharding_spec=spec
+    )
