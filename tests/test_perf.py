@@ -28,7 +28,8 @@ from dlrm.config import compose, to_config
 from dlrm.dist import DistInfo
 from dlrm.errors import ConfigError
 from dlrm.model import FEATURE_NAMES, build_model
-from dlrm.sharding import PlanError, _state_bytes_per_row, fuse_embedding_optimizer, plan_model, save_plan, tables_of
+from dlrm.sharding import PlanError, fuse_embedding_optimizer, plan_model, save_plan, tables_of
+from dlrm.sharding.constraints import _state_bytes_per_row
 
 BATCH = 16
 STEPS = 6

@@ -121,7 +121,7 @@ def _typed_constraint(fields: Dict[str, Any], key: str) -> Dict[str, Any]:
 
 @dataclass
 class ShardingConfig:
-    """How the TorchRec planner places the embedding tables (``sharding=<preset>``; ``dlrm/sharding.py``,
+    """How the TorchRec planner places the embedding tables (``sharding=<preset>``; ``dlrm/sharding/``,
     docs/sharding.md)."""
 
     name: str = "auto"
