@@ -221,8 +221,9 @@ def _gathered(dmp, opt) -> Dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     from dlrm.checkpoint import app_state
+    from dlrm.checkpoint.state_names import flatten_state
 
-    flat = _flatten_state(app_state(dmp, opt))
+    flat = flatten_state(app_state(dmp, opt))
     mine = (_local_pieces(app_state(dmp, opt)), {k: (tuple(v.size()), v.dtype) for k, v in flat.items()})
     parts: List[tuple] = [()] * dist.get_world_size()
     dist.all_gather_object(parts, mine)  # a rank holds optimizer state only for the tables it has shards of
@@ -234,12 +235,6 @@ def _gathered(dmp, opt) -> Dict[str, torch.Tensor]:
                 full[tuple(slice(o, o + n) for o, n in zip(off, t.shape))] = t
         out[k] = full
     return out
-
-
-def _flatten_state(state: dict) -> dict:
-    from dlrm.checkpoint import _flatten
-
-    return _flatten(state)
 
 
 def _reshard_worker(rank: int, world: int, ops: List[tuple]) -> List[object]:
@@ -982,10 +977,10 @@ def _local_pieces(state: dict) -> Dict[str, List[tuple]]:
     """name -> [(offsets, tensor)] of this rank's data (ShardedTensor: its local shards), cloned on the device."""
     from torchrec.distributed import ShardedTensor
 
-    from dlrm.checkpoint import _flatten
+    from dlrm.checkpoint.state_names import flatten_state
 
     out: Dict[str, List[tuple]] = {}
-    for k, v in _flatten(state).items():
+    for k, v in flatten_state(state).items():
         if isinstance(v, ShardedTensor):
             out[k] = [(tuple(s.metadata.shard_offsets), s.tensor.detach().clone()) for s in v.local_shards()]
         elif isinstance(v, torch.Tensor):
@@ -998,7 +993,8 @@ def test_async_save_on_cuda_staging_stream_is_the_step_state(tmp_path: Path) -> 
     """1 GPU, DLRM-v2 tables capped at 1 M rows (~3.7 GB): an async save issued right after step 3 was enqueued
     (no host sync) holds exactly step 3's weights and optimizer state, although steps 4-6 were enqueued right
     after it and update the same tensors in place (fused TBE Adagrad in backward, dense Adagrad)."""
-    from dlrm.checkpoint import _StreamStagedWriter, app_state, step_dir
+    from dlrm.checkpoint import app_state, step_dir
+    from dlrm.checkpoint.writers import StreamStagedWriter
     from dlrm.config import compose
     from dlrm.export import full_state_dict
     from dlrm.trainer import Trainer
@@ -1028,7 +1024,7 @@ def test_async_save_on_cuda_staging_stream_is_the_step_state(tmp_path: Path) -> 
             t.pipeline.progress(it)
             t.step += 1
         t.ckpt.save(t.state, block=False)
-        assert isinstance(t.ckpt._writer, _StreamStagedWriter)
+        assert isinstance(t.ckpt._writer, StreamStagedWriter)
         ref = _local_pieces(app_state(t.model, t.optimizer))  # on the training stream: step 3's values
         for _ in range(3):
             t.pipeline.progress(it)
