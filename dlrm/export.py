@@ -29,13 +29,14 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     model_mismatch,
+    read_dcp_metadata,
     read_meta,
     resolve_checkpoint,
     unreadable_data,
@@ -66,10 +67,7 @@ def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
     err = verify_checkpoint(path)
     if err is not None:
         raise CheckpointError(f"checkpoint {path} is damaged: {err}")
-    try:
-        meta = FileSystemReader(path).read_metadata().state_dict_metadata
-    except Exception as e:  # noqa: BLE001 - a damaged .metadata fails in many ways; name the checkpoint
-        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__})") from e
+    meta = read_dcp_metadata(path)
     sd = {
         k: torch.empty(tuple(md.size), dtype=md.properties.dtype)
         for k, md in meta.items()

@@ -1,4 +1,4 @@
-"""Reading a checkpoint: its ``meta.json`` and the error for a checkpoint that cannot be used."""
+"""Reading a checkpoint: its ``meta.json``, DCP's ``.metadata``, and the error for a checkpoint that cannot be used."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any, Dict
 
-from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 
 from dlrm.checkpoint.layout import META
 from dlrm.errors import InputError
@@ -29,6 +29,19 @@ def read_meta(path: str) -> Dict[str, Any]:
 class CheckpointError(InputError):
     """A checkpoint that cannot be used: damaged (a file missing, truncated or altered) or unreadable. The message
     names the checkpoint and the file."""
+
+
+def read_dcp_metadata(path: str) -> Dict[str, Any]:
+    """DCP's ``.metadata`` of checkpoint ``path``: its ``state_dict_metadata``, fully-qualified name ->
+    ``TensorStorageMetadata`` (global ``size``, ``properties.dtype``) or ``BytesStorageMetadata``.
+
+    Raises:
+        CheckpointError: ``.metadata`` is missing or unreadable (names the checkpoint).
+    """
+    try:
+        return FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - a damaged .metadata fails in many ways; name the checkpoint
+        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__})") from e
 
 
 def unreadable_data(path: str, e: BaseException, fix: str) -> CheckpointError:

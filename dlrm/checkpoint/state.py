@@ -13,11 +13,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint.layout import META
-from dlrm.checkpoint.reader import CheckpointError, read_meta, unreadable_data
+from dlrm.checkpoint.reader import CheckpointError, read_dcp_metadata, read_meta, unreadable_data
 from dlrm.checkpoint.resume_checks import model_mismatch
 from dlrm.checkpoint.state_names import TABLE_MARKER, dp_table_steps, earlier_names, flatten_state, optimizer_state
 
@@ -76,32 +76,71 @@ def load_app_state(
             ``[rows]`` of a row_wise table into a column_wise one, ``[rows x column shards]``; names the entry
             and the table); the checkpoint's metadata or data cannot be read.
     """
-    try:
-        meta = FileSystemReader(path).read_metadata().state_dict_metadata
-    except Exception as e:  # noqa: BLE001 - a damaged .metadata fails in many ways; name the checkpoint
-        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__})") from e
-    shape = {k: tuple(md.size) if isinstance(md, TensorStorageMetadata) else None for k, md in meta.items()}
+    md = read_dcp_metadata(path)
+    shape = {k: tuple(m.size) if isinstance(m, TensorStorageMetadata) else None for k, m in md.items()}
     target = app_state(model, optimizer)
+    _check_model(path, shape, target["model"], model_config)
+    match = _match_optimizer(target["optim"], shape)
+    report = LoadReport(path)
+    ranks = _agree_on_optimizer(path, shape, match, report, process_group)
+    state = {"model": target["model"], "optim": match.optim}
+    try:
+        dcp.load(state, checkpoint_id=path, process_group=process_group)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a .distcp damaged after verification
+        raise unreadable_data(path, e, "give another checkpoint.resume (auto takes the newest intact one)") from e
+    _fill_reshaped(match.reshaped)
+    steps, mlp_step = dp_table_steps(target["model"], optimizer)
+    if mlp_step is not None:
+        for s in steps:
+            s.copy_(mlp_step)
+    report.restored = sorted(flatten_state(target, ""))
+    if ranks > 1:
+        names: List[Any] = [None] * ranks
+        dist.all_gather_object(names, report.restored, group=process_group)
+        report.restored = sorted({k for restored in names for k in restored})
+    return report
+
+
+def _check_model(path: str, shape: Dict[str, Any], model_sd: Dict[str, Any], model_config: Any) -> None:
+    """Raise a :class:`CheckpointError` naming the first difference between the checkpoint's model entries
+    (``shape``: DCP name -> global shape) and ``model_sd``'s, and the config key behind it."""
     was = None
     if os.path.isfile(os.path.join(path, META)):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             was = read_meta(path)["config"].get("model")
     now = dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config) else model_config
-    live_model = {k: _global_shape(v) for k, v in flatten_state(target["model"]).items()}
+    live_model = {k: _global_shape(v) for k, v in flatten_state(model_sd).items()}
     saved_model = {k[len("model.") :]: s for k, s in shape.items() if k.startswith("model.")}
     why = model_mismatch(saved_model, live_model, was, now)
     if why is not None:
         raise CheckpointError(f"checkpoint {path}: model {why}")
-    report = LoadReport(path)
-    optim: Dict[str, Any] = {}  # saved name (without "optim.") -> the live tensor it loads into
+
+
+@dataclass
+class _OptimizerMatch:
+    """Where each of this rank's optimizer entries is read from.
+
+    ``optim``: saved name (without ``optim.``) -> the live tensor it loads into; ``reshaped``: (whole tensor read,
+    ``ShardedTensor`` it goes into); ``translated``: entries read from the earlier layout's names; ``problem``:
+    why the first entry that cannot be read cannot (the rest are not matched), else None.
+    """
+
+    optim: Dict[str, Any] = field(default_factory=dict)
+    reshaped: List[Tuple[torch.Tensor, Any]] = field(default_factory=list)
+    translated: List[str] = field(default_factory=list)
     problem: Optional[str] = None
-    reshaped: List[Tuple[torch.Tensor, Any]] = []  # (whole tensor read, ShardedTensor it goes into)
-    for fqn, sname, v in ((f, n, t) for f, states in target["optim"].items() for n, t in states.items()):
+
+
+def _match_optimizer(target_optim: Dict[str, Dict[str, Any]], shape: Dict[str, Any]) -> _OptimizerMatch:
+    """Match every live optimizer entry (``target_optim``, :func:`optimizer_state`) to a saved one of ``shape``
+    (DCP name -> global shape), under its name or one of the earlier layout's (:func:`earlier_names`)."""
+    match = _OptimizerMatch()
+    for fqn, sname, v in ((f, n, t) for f, states in target_optim.items() for n, t in states.items()):
         key = f"optim.{fqn}.{sname}"
-        src = key if key in meta else next((n for n in earlier_names(fqn, sname) if n in meta), None)
+        src = key if key in shape else next((n for n in earlier_names(fqn, sname) if n in shape), None)
         live = _global_shape(v)
         if src is None:
-            problem = (
+            match.problem = (
                 f"optimizer entry {key!r} is not in it (its optimizer was another one); resume with the "
                 "optimizer.* settings of its meta.json, or start fresh in a new checkpoint.dir"
             )
@@ -113,11 +152,11 @@ def load_app_state(
                     v = v.view(shape[src])
                 else:  # sharded: read whole, then copied into this rank's shards
                     whole = torch.empty(shape[src], dtype=v.dtype)
-                    reshaped.append((whole, v))
+                    match.reshaped.append((whole, v))
                     v = whole
             else:
                 table = fqn.split(".")[-2] if TABLE_MARKER in fqn else fqn
-                problem = (
+                match.problem = (
                     f"optimizer entry {key!r} has shape {shape[src]} there and {live} here: {table}'s optimizer "
                     "state does not carry over to this plan (row-wise Adagrad keeps one value per row of each "
                     "column shard); resume with the sharding plan it was saved with (its plan.json), or one that "
@@ -125,13 +164,30 @@ def load_app_state(
                 )
                 break
         if src != key:
-            report.translated.append(key)
-        optim[src[len("optim.") :]] = v
-    # a rank holds optimizer state only for the tables it has shards of: every rank judges the union
-    parts: List[Any] = [(problem, sorted(optim), report.translated)]
+            match.translated.append(key)
+        match.optim[src[len("optim.") :]] = v
+    return match
+
+
+def _agree_on_optimizer(
+    path: str,
+    shape: Dict[str, Any],
+    match: _OptimizerMatch,
+    report: LoadReport,
+    process_group: Optional[dist.ProcessGroup],
+) -> int:
+    """Judge every rank's :class:`_OptimizerMatch` together (a rank holds optimizer state only for the tables it
+    has shards of: the union decides), record the translated entries in ``report`` and return the number of
+    ranks (collective on ``process_group`` when it has more than one).
+
+    Raises:
+        CheckpointError: a rank's ``problem``, or a saved optimizer entry that no rank reads.
+    """
+    mine = (match.problem, sorted(match.optim), match.translated)
+    parts: List[Any] = [mine]
     if dist.is_initialized() and dist.get_world_size(process_group) > 1:
         parts = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(parts, (problem, sorted(optim), report.translated), group=process_group)
+        dist.all_gather_object(parts, mine, group=process_group)
     problem = next((p for p, _, _ in parts if p is not None), None)
     if problem is not None:
         raise CheckpointError(f"checkpoint {path}: {problem}")
@@ -150,23 +206,13 @@ def load_app_state(
             "written with other optimizer.* settings); resume with the settings of its meta.json, or start "
             "fresh in a new checkpoint.dir"
         )
-    state = {"model": target["model"], "optim": optim}
-    try:
-        dcp.load(state, checkpoint_id=path, process_group=process_group)
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a .distcp damaged after verification
-        raise unreadable_data(path, e, "give another checkpoint.resume (auto takes the newest intact one)") from e
+    return len(parts)
+
+
+def _fill_reshaped(reshaped: List[Tuple[torch.Tensor, Any]]) -> None:
+    """Copy each whole tensor read into this rank's shards of the ``ShardedTensor`` it belongs to."""
     for whole, sharded in reshaped:
         flat = whole.reshape(tuple(sharded.size()))
         for shard in sharded.local_shards():
             md = shard.metadata
             shard.tensor.copy_(flat[tuple(slice(o, o + n) for o, n in zip(md.shard_offsets, md.shard_sizes))])
-    steps, mlp_step = dp_table_steps(target["model"], optimizer)
-    if mlp_step is not None:
-        for s in steps:
-            s.copy_(mlp_step)
-    report.restored = sorted(flatten_state(target, ""))
-    if len(parts) > 1:
-        names: List[Any] = [None] * len(parts)
-        dist.all_gather_object(names, report.restored, group=process_group)
-        report.restored = sorted({k for restored in names for k in restored})
-    return report
