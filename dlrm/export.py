@@ -36,8 +36,8 @@ from dlrm.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     model_mismatch,
+    read_checkpoint_meta,
     read_dcp_metadata,
-    read_meta,
     resolve_checkpoint,
     unreadable_data,
     verify_checkpoint,
@@ -110,7 +110,7 @@ def model_for(path: str, sd: Dict[str, torch.Tensor]) -> Optional[Dict[str, Any]
     if not os.path.isfile(os.path.join(path, "meta.json")):
         return None
     try:
-        d = read_meta(path)["config"]["model"]
+        d = read_checkpoint_meta(path)["config"]["model"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"checkpoint {path}: meta.json holds no `config.model` ({type(e).__name__}: {e}); the export needs "

@@ -434,12 +434,12 @@ def test_a_saved_plan_is_reused_only_for_the_inputs_it_was_made_from(two_checkpo
     plans anew instead of loading a plan made for another problem."""
     from omegaconf import OmegaConf
 
-    from dlrm.checkpoint import planning_inputs, read_meta, saved_plan
+    from dlrm.checkpoint import planning_inputs, read_checkpoint_meta, saved_plan
     from dlrm.config import Config
     from dlrm.dist import DistInfo
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), meta["config"]))
     inputs = planning_inputs(cfg, meta["global_batch"])
     assert inputs == meta["planning"]
@@ -803,11 +803,11 @@ def _run_facts(meta: dict, **data: object):
     ],
 )
 def test_resume_refuses_other_data_settings(two_checkpoints: Path, change: dict, line: str) -> None:
-    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.checkpoint import check_resume, read_checkpoint_meta
     from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     check_resume(ck, meta, _run_facts(meta))  # the run that wrote it
     check_resume(ck, meta, _run_facts(meta, seed=7))  # unshuffled: the seed does not move the rows
     with pytest.raises(ConfigError) as e:
@@ -816,11 +816,11 @@ def test_resume_refuses_other_data_settings(two_checkpoints: Path, change: dict,
 
 
 def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Path) -> None:
-    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.checkpoint import check_resume, read_checkpoint_meta
     from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     meta["config"]["data"]["shuffle"] = True
     with pytest.raises(ConfigError) as e:
         check_resume(ck, meta, _run_facts(meta, seed=meta["config"]["seed"] + 1))
@@ -829,7 +829,7 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
         f"{meta['config']['seed'] + 1}; set seed={meta['config']['seed']} so the shuffled order carries over, or "
         "checkpoint.resume=none in a new checkpoint.dir"
     )
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     facts = _run_facts(meta)
     facts.steps_per_epoch = 63
     with pytest.raises(ConfigError) as e:
@@ -845,11 +845,11 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
 def test_resume_refuses_another_table_optimizer(two_checkpoints: Path) -> None:
     """Element-wise and row-wise Adagrad keep differently shaped state: resuming across them would restart the
     tables' optimizer silently."""
-    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.checkpoint import check_resume, read_checkpoint_meta
     from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     facts = _run_facts(meta)
     was = facts.config.optimizer.sparse_type
     other = "adagrad" if was == "rowwise_adagrad" else "rowwise_adagrad"
@@ -936,10 +936,10 @@ def test_export_and_load_model_refuse_another_model(
 @pytest.mark.parametrize("key", ["global_batch", "scheduler", "step", "samples", "world_size", "config"])
 def test_resume_from_a_meta_json_without_a_key_is_a_checkpoint_error(two_checkpoints: Path, key: str) -> None:
     """A same-size edit of meta.json passes ``checkpoint.verify=size``; its missing keys are named, no KeyError."""
-    from dlrm.checkpoint import CheckpointError, check_resume, read_meta
+    from dlrm.checkpoint import CheckpointError, check_resume, read_checkpoint_meta
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     facts = _run_facts(meta)
     del meta[key]
     kind = "object" if key in ("scheduler", "config") else "int"
@@ -956,11 +956,11 @@ def test_a_damaged_saved_plan_is_a_warning_and_a_new_plan(
 ) -> None:
     import logging
 
-    from dlrm.checkpoint import planning_inputs, read_meta, saved_plan
+    from dlrm.checkpoint import planning_inputs, read_checkpoint_meta, saved_plan
     from dlrm.dist import DistInfo
 
     ck = _copy_step(two_checkpoints / "checkpoints" / "step_8", tmp_path / "step_8")
-    meta = read_meta(str(ck))
+    meta = read_checkpoint_meta(str(ck))
     inputs = planning_inputs(_run_facts(meta).config, meta["global_batch"])
     (ck / "plan.json").write_text('{"format": "dlrm-plan/1"}')
     info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")

@@ -83,7 +83,7 @@ from dlrm.checkpoint.layout import (
 )
 from dlrm.checkpoint.manifest import BLOCK, file_entry, verify_checkpoint, write_manifest
 from dlrm.checkpoint.plan_reuse import planning_inputs, saved_plan
-from dlrm.checkpoint.reader import CheckpointError, read_dcp_metadata, read_meta, unreadable_data
+from dlrm.checkpoint.reader import CheckpointError, read_checkpoint_meta, read_dcp_metadata, unreadable_data
 from dlrm.checkpoint.resume_checks import check_resume, config_key_behind, model_mismatch
 from dlrm.checkpoint.rng import rng_state, set_rng_state
 from dlrm.checkpoint.run_state import RunFacts, TrainState
@@ -114,8 +114,8 @@ __all__ = [
     "model_mismatch",
     "optimizer_state",
     "planning_inputs",
+    "read_checkpoint_meta",
     "read_dcp_metadata",
-    "read_meta",
     "resolve_checkpoint",
     "rng_state",
     "saved_plan",

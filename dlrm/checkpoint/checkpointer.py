@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from dlrm.checkpoint.layout import META, PLAN, checkpoint_root, list_checkpoints, step_dir
 from dlrm.checkpoint.manifest import write_manifest
 from dlrm.checkpoint.plan_reuse import planning_inputs
-from dlrm.checkpoint.reader import CheckpointError, read_meta
+from dlrm.checkpoint.reader import CheckpointError, read_checkpoint_meta
 from dlrm.checkpoint.resume_checks import check_resume
 from dlrm.checkpoint.rng import rng_state, set_rng_state
 from dlrm.checkpoint.run_state import RunFacts, TrainState
@@ -109,7 +109,7 @@ class Checkpointer:
             return None
         t0 = time.perf_counter()
         try:
-            meta = read_meta(path)
+            meta = read_checkpoint_meta(path)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"checkpoint {path}: {META} is unreadable ({type(e).__name__}: {e})") from e
         check_resume(path, meta, self.run)

@@ -9,7 +9,7 @@ import os
 from typing import Any, Dict, Optional
 
 from dlrm.checkpoint.layout import META, PLAN
-from dlrm.checkpoint.reader import read_meta
+from dlrm.checkpoint.reader import read_checkpoint_meta
 from dlrm.config import Config
 from dlrm.dist import DistInfo
 
@@ -45,7 +45,7 @@ def saved_plan(path: str, info: DistInfo, inputs: Dict[str, Any]) -> Optional[st
         with open(plan, encoding="utf-8") as f:
             doc = json.load(f)
         had = (doc["world_size"], doc["local_world_size"], doc["compute_device"])
-        planning = read_meta(path).get("planning")
+        planning = read_checkpoint_meta(path).get("planning")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         log.warning(
             "checkpoint %s: %s or %s is unreadable or incomplete (%s: %s); planning anew",

@@ -12,7 +12,7 @@ from dlrm.checkpoint.layout import META
 from dlrm.errors import InputError
 
 
-def read_meta(path: str) -> Dict[str, Any]:
+def read_checkpoint_meta(path: str) -> Dict[str, Any]:
     """The parsed ``meta.json`` of the checkpoint directory ``path`` (UTF-8 JSON).
 
     Raises:

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint.layout import META
-from dlrm.checkpoint.reader import CheckpointError, read_dcp_metadata, read_meta, unreadable_data
+from dlrm.checkpoint.reader import CheckpointError, read_checkpoint_meta, read_dcp_metadata, unreadable_data
 from dlrm.checkpoint.resume_checks import model_mismatch
 from dlrm.checkpoint.state_names import TABLE_MARKER, dp_table_steps, earlier_names, flatten_state, optimizer_state
 
@@ -107,7 +107,7 @@ def _check_model(path: str, shape: Dict[str, Any], model_sd: Dict[str, Any], mod
     was = None
     if os.path.isfile(os.path.join(path, META)):
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            was = read_meta(path)["config"].get("model")
+            was = read_checkpoint_meta(path)["config"].get("model")
     now = dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config) else model_config
     live_model = {k: _global_shape(v) for k, v in flatten_state(model_sd).items()}
     saved_model = {k[len("model.") :]: s for k, s in shape.items() if k.startswith("model.")}
