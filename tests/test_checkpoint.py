@@ -121,9 +121,9 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
 
 def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
     """2 gloo ranks under ``torchrun --max-restarts 1`` (torchx component ``--max_restarts``): rank 1 is SIGKILLed
-    while writing step 10; torchrun restarts both workers in place; the restart ignores (and removes) the
-    partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log the same losses as the first
-    attempt (exact resume with 2 processes).
+    while writing step 10 (tests/kill_during_save.py); torchrun restarts both workers in place; the restart ignores
+    (and removes) the partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log the same
+    losses as the first attempt (exact resume with 2 processes).
 
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (set by launch/components.py): without it the restarted rank 1 can
     read rank 0's gloo address of the first attempt from torchrun's shared store and fail to connect
@@ -136,7 +136,8 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
         "2",
         "--max-restarts",
         "1",
-        "train.py",
+        "tests/kill_during_save.py",
+        "10:1",
         f"hydra.run.dir={d}",
         *SMALL,
         "trainer.max_steps=15",
@@ -145,7 +146,7 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
     p = subprocess.run(
         cmd,
         cwd=REPO,
-        env={**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        env={**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
         capture_output=True,
         text=True,
         timeout=300,

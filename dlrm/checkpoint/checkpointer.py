@@ -27,10 +27,8 @@ from dlrm.checkpoint.rng import rng_state, set_rng_state
 from dlrm.checkpoint.run_state import RunFacts, TrainState
 from dlrm.checkpoint.state import LoadReport, app_state, load_app_state
 from dlrm.checkpoint.writers import (
-    TEST_KILL_DURING_SAVE_ENV,
     ManifestWriter,
     StreamStagedWriter,
-    _KillAfterWrite,
     dir_bytes,
     state_bytes,
 )
@@ -256,7 +254,7 @@ class Checkpointer:
                 json.dump(meta, f, indent=1, default=str)
             save_plan(self.run.plan, os.path.join(tmp, PLAN))
         app = app_state(self.model, self.optimizer)
-        writer = self._make_writer(step, tmp)
+        writer = self._make_writer(tmp)
         if block:
             dcp.save(app, storage_writer=writer, checkpoint_id=tmp, process_group=self.pg)
             self._finish(step, tmp)
@@ -269,12 +267,7 @@ class Checkpointer:
         self.save_seconds.append(time.perf_counter() - t0)
         return final
 
-    def _make_writer(self, step: int, tmp: str) -> FileSystemWriter:
-        hook = os.environ.get(TEST_KILL_DURING_SAVE_ENV)
-        if hook and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-            s, r = (int(x) for x in hook.split(":"))
-            if s == step and r == self.info.rank:
-                return _KillAfterWrite(tmp)
+    def _make_writer(self, tmp: str) -> FileSystemWriter:
         if self._writer is None:  # reused so that its pinned staging buffers (CUDA) are reused
             self._writer = (
                 StreamStagedWriter(tmp, self.info.device) if self.info.device.type == "cuda" else ManifestWriter(tmp)

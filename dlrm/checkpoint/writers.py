@@ -4,9 +4,7 @@ failed save is judged by (a disk that is full)."""
 from __future__ import annotations
 
 import json
-import logging
 import os
-import signal
 from typing import Any, Dict, Optional
 
 import torch
@@ -16,13 +14,6 @@ from torch.distributed.checkpoint import FileSystemWriter
 from dlrm import torchrec_compat as compat
 from dlrm.checkpoint.manifest import crc_threads, file_entry, rank_manifest_path
 from dlrm.checkpoint.state_names import flatten_state
-
-log = logging.getLogger(__name__)
-
-
-# Test hook (tests/test_checkpoint.py): "STEP:RANK" makes that rank SIGKILL itself right after writing its DCP
-# data of the save at STEP, before the save completes; only in a first attempt (TORCHELASTIC_RESTART_COUNT 0).
-TEST_KILL_DURING_SAVE_ENV = "DLRM_TEST_KILL_DURING_SAVE"
 
 
 def dir_bytes(path: str) -> int:
@@ -106,14 +97,3 @@ class StreamStagedWriter(ManifestWriter):
         if self.done is not None:
             self.done.synchronize()  # writer thread: the pinned buffers hold this step's state
         return super().write_data(plan, planner)
-
-
-class _KillAfterWrite(ManifestWriter):
-    """Test hook (:data:`TEST_KILL_DURING_SAVE_ENV`): SIGKILL this process once its shard files are written."""
-
-    def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
-        fut = super().write_data(plan, planner)
-        fut.wait()
-        log.warning("test hook %s: killing rank %s mid-save", TEST_KILL_DURING_SAVE_ENV, os.environ.get("RANK"))
-        os.kill(os.getpid(), signal.SIGKILL)
-        return fut
