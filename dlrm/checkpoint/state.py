@@ -198,7 +198,7 @@ def _agree_on_optimizer(
         for k in shape
         if k.startswith("optim.")
         and k[len("optim.") :] not in read
-        and not (k.endswith(".step") and TABLE_MARKER in k)  # a data_parallel table's step: the MLPs' (see above)
+        and not (k.endswith(".step") and TABLE_MARKER in k)  # a data_parallel table's step: the MLPs' (load_app_state)
     )
     if left:
         raise CheckpointError(

@@ -60,8 +60,8 @@ class StreamStagedWriter(ManifestWriter):
     state-dict helpers (:func:`dlrm.torchrec_compat.create_cpu_state_dict` / ``copy_state_dict``; they handle
     ``ShardedTensor``) and adds the two events.
 
-    Ordering (see the module docstring): training stream --ready--> staging stream copies --done--> training
-    stream (its next kernel) and writer thread (``done.synchronize()`` in :meth:`write_data`).
+    Ordering (see :mod:`dlrm.checkpoint`'s docstring): training stream --ready--> staging stream copies --done-->
+    training stream (its next kernel) and writer thread (``done.synchronize()`` in :meth:`write_data`).
 
     Args:
         path: the checkpoint directory (DCP resets it per save through ``checkpoint_id``).
