@@ -64,7 +64,7 @@ checksums, verification), :mod:`~dlrm.checkpoint.rng` (RNG states), :mod:`~dlrm.
 (world-size independent optimizer names, the earlier layout's), :mod:`~dlrm.checkpoint.state` (what DCP saves and
 loads, :func:`load_app_state`), :mod:`~dlrm.checkpoint.resume_checks` (refusals before a load),
 :mod:`~dlrm.checkpoint.selection` (which checkpoint to resume from), :mod:`~dlrm.checkpoint.plan_reuse` (the saved
-plan), :mod:`~dlrm.checkpoint.writers` (DCP writers, the sizes a full disk is judged by),
+plan), :mod:`~dlrm.checkpoint.writers` (DCP writers, a save failed on a full disk),
 :mod:`~dlrm.checkpoint.run_state` (:class:`TrainState`, :class:`RunFacts`) and
 :mod:`~dlrm.checkpoint.checkpointer` (:class:`Checkpointer`).
 """

@@ -29,12 +29,11 @@ from dlrm.checkpoint.state import LoadReport, app_state, load_app_state
 from dlrm.checkpoint.writers import (
     ManifestWriter,
     StreamStagedWriter,
-    dir_bytes,
-    state_bytes,
+    save_failure,
 )
 from dlrm.config import CheckpointConfig
 from dlrm.dist import DistInfo
-from dlrm.rundir import StorageError, free_bytes, is_storage_fault, storage_error
+from dlrm.rundir import StorageError
 from dlrm.schedule import load_scheduler_state
 from dlrm.sharding import plan_fingerprint, plan_rows, save_plan
 
@@ -205,27 +204,8 @@ class Checkpointer:
             raise err from e
 
     def _failed(self, step: int, e: BaseException) -> Optional[StorageError]:
-        """The error for the save of ``step`` that failed with ``e`` when the cause is storage (an ``ENOSPC``,
-        ``EDQUOT`` or ``EROFS`` on any rank, or fewer bytes free than the save needs: torch's zip writer reports
-        a short write as ``RuntimeError: unexpected pos``), else None. For a storage fault rank 0 removes the
-        partial ``step_<N>.tmp`` (every rank is past the failed write: DCP gathers its outcome from all of them),
-        which gives its space back. The bytes needed are the newest checkpoint's size, else this rank's state."""
-        tmp = step_dir(self.root, step) + ".tmp"
-        done = list_checkpoints(self.root)
-        needed = dir_bytes(done[-1][1]) if done else state_bytes(app_state(self.model, self.optimizer))
-        free = free_bytes(self.root)
-        # what was free before this save: what is free now plus what its partial files took
-        if not (is_storage_fault(e) or (free is not None and free + dir_bytes(tmp) < needed)):
-            return None  # e.g. a peer rank killed mid-save: its step_<N>.tmp stays for the next start to report
-        if self.info.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        kept = (
-            f"the earlier checkpoints are intact (newest {os.path.basename(done[-1][1])}): free space there or set "
-            f"checkpoint.dir to a larger disk, and launch again to resume from it"
-            if done
-            else "free space there or set checkpoint.dir to a larger disk"
-        )
-        return storage_error(tmp, e, needed, kept)
+        """:func:`~dlrm.checkpoint.writers.save_failure` of the save of ``step`` that failed with ``e``."""
+        return save_failure(self.root, step, e, self.info.is_main, lambda: app_state(self.model, self.optimizer))
 
     def _save(self, state: TrainState, block: bool) -> str:
         step = state.step

@@ -1,29 +1,32 @@
-"""DCP writers of a save: per-rank manifest entries, CUDA staging on a stream of its own, and the sizes a
-failed save is judged by (a disk that is full)."""
+"""DCP writers of a save (per-rank manifest entries, CUDA staging on a stream of its own) and the error of a save
+that failed on a full disk (:func:`save_failure`)."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional
+import shutil
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 
 from dlrm import torchrec_compat as compat
+from dlrm.checkpoint.layout import list_checkpoints, step_dir
 from dlrm.checkpoint.manifest import crc_threads, file_entry, rank_manifest_path
 from dlrm.checkpoint.state_names import flatten_state
+from dlrm.rundir import StorageError, free_bytes, is_storage_fault, storage_error
 
 
-def dir_bytes(path: str) -> int:
+def _dir_bytes(path: str) -> int:
     """Bytes of the files directly in ``path`` (0 if it is absent)."""
     if not os.path.isdir(path):
         return 0
     return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
 
 
-def state_bytes(state: Dict[str, Any]) -> int:
+def _state_bytes(state: Dict[str, Any]) -> int:
     """Bytes of this rank's tensors in ``state`` (a ``ShardedTensor``: its local shards), about what its save
     writes."""
     total = 0
@@ -33,6 +36,33 @@ def state_bytes(state: Dict[str, Any]) -> int:
         elif isinstance(v, torch.Tensor):
             total += v.numel() * v.element_size()
     return total
+
+
+def save_failure(
+    root: str, step: int, e: BaseException, is_main: bool, app: Callable[[], Dict[str, Any]]
+) -> Optional[StorageError]:
+    """The error for the save of ``step`` under ``root`` that failed with ``e`` when the cause is storage (an
+    ``ENOSPC``, ``EDQUOT`` or ``EROFS`` on any rank, or fewer bytes free than the save needs: torch's zip writer
+    reports a short write as ``RuntimeError: unexpected pos``), else None. For a storage fault rank 0
+    (``is_main``) removes the partial ``step_<N>.tmp`` (every rank is past the failed write: DCP gathers its
+    outcome from all of them), which gives its space back. The bytes needed are the newest checkpoint's size,
+    else this rank's state (``app()``: :func:`dlrm.checkpoint.state.app_state`)."""
+    tmp = step_dir(root, step) + ".tmp"
+    done = list_checkpoints(root)
+    needed = _dir_bytes(done[-1][1]) if done else _state_bytes(app())
+    free = free_bytes(root)
+    # what was free before this save: what is free now plus what its partial files took
+    if not (is_storage_fault(e) or (free is not None and free + _dir_bytes(tmp) < needed)):
+        return None  # e.g. a peer rank killed mid-save: its step_<N>.tmp stays for the next start to report
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    kept = (
+        f"the earlier checkpoints are intact (newest {os.path.basename(done[-1][1])}): free space there or set "
+        f"checkpoint.dir to a larger disk, and launch again to resume from it"
+        if done
+        else "free space there or set checkpoint.dir to a larger disk"
+    )
+    return storage_error(tmp, e, needed, kept)
 
 
 class ManifestWriter(FileSystemWriter):
