@@ -29,14 +29,15 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     model_mismatch,
-    read_meta,
+    read_checkpoint_meta,
+    read_dcp_metadata,
     resolve_checkpoint,
     unreadable_data,
     verify_checkpoint,
@@ -66,10 +67,7 @@ def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
     err = verify_checkpoint(path)
     if err is not None:
         raise CheckpointError(f"checkpoint {path} is damaged: {err}")
-    try:
-        meta = FileSystemReader(path).read_metadata().state_dict_metadata
-    except Exception as e:  # noqa: BLE001 - a damaged .metadata fails in many ways; name the checkpoint
-        raise CheckpointError(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__})") from e
+    meta = read_dcp_metadata(path)
     sd = {
         k: torch.empty(tuple(md.size), dtype=md.properties.dtype)
         for k, md in meta.items()
@@ -112,7 +110,7 @@ def model_for(path: str, sd: Dict[str, torch.Tensor]) -> Optional[Dict[str, Any]
     if not os.path.isfile(os.path.join(path, "meta.json")):
         return None
     try:
-        d = read_meta(path)["config"]["model"]
+        d = read_checkpoint_meta(path)["config"]["model"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"checkpoint {path}: meta.json holds no `config.model` ({type(e).__name__}: {e}); the export needs "

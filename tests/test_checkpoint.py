@@ -121,9 +121,9 @@ def test_exact_resume_sigterm_and_restart(tmp_path: Path) -> None:
 
 def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
     """2 gloo ranks under ``torchrun --max-restarts 1`` (torchx component ``--max_restarts``): rank 1 is SIGKILLed
-    while writing step 10; torchrun restarts both workers in place; the restart ignores (and removes) the
-    partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log the same losses as the first
-    attempt (exact resume with 2 processes).
+    while writing step 10 (tests/kill_during_save.py); torchrun restarts both workers in place; the restart ignores
+    (and removes) the partial step_10.tmp, resumes from step_5 and finishes; the re-run steps 6-10 log the same
+    losses as the first attempt (exact resume with 2 processes).
 
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (set by launch/components.py): without it the restarted rank 1 can
     read rank 0's gloo address of the first attempt from torchrun's shared store and fail to connect
@@ -136,7 +136,8 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
         "2",
         "--max-restarts",
         "1",
-        "train.py",
+        "tests/kill_during_save.py",
+        "10:1",
         f"hydra.run.dir={d}",
         *SMALL,
         "trainer.max_steps=15",
@@ -145,7 +146,7 @@ def test_kill9_mid_save_then_restart_resumes(tmp_path: Path) -> None:
     p = subprocess.run(
         cmd,
         cwd=REPO,
-        env={**ENV, "DLRM_TEST_KILL_DURING_SAVE": "10:1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        env={**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -221,8 +222,9 @@ def _gathered(dmp, opt) -> Dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     from dlrm.checkpoint import app_state
+    from dlrm.checkpoint.state_names import flatten_state
 
-    flat = _flatten_state(app_state(dmp, opt))
+    flat = flatten_state(app_state(dmp, opt))
     mine = (_local_pieces(app_state(dmp, opt)), {k: (tuple(v.size()), v.dtype) for k, v in flat.items()})
     parts: List[tuple] = [()] * dist.get_world_size()
     dist.all_gather_object(parts, mine)  # a rank holds optimizer state only for the tables it has shards of
@@ -234,12 +236,6 @@ def _gathered(dmp, opt) -> Dict[str, torch.Tensor]:
                 full[tuple(slice(o, o + n) for o, n in zip(off, t.shape))] = t
         out[k] = full
     return out
-
-
-def _flatten_state(state: dict) -> dict:
-    from dlrm.checkpoint import _flatten
-
-    return _flatten(state)
 
 
 def _reshard_worker(rank: int, world: int, ops: List[tuple]) -> List[object]:
@@ -439,12 +435,12 @@ def test_a_saved_plan_is_reused_only_for_the_inputs_it_was_made_from(two_checkpo
     plans anew instead of loading a plan made for another problem."""
     from omegaconf import OmegaConf
 
-    from dlrm.checkpoint import planning_inputs, read_meta, saved_plan
+    from dlrm.checkpoint import planning_inputs, read_checkpoint_meta, saved_plan
     from dlrm.config import Config
     from dlrm.dist import DistInfo
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), meta["config"]))
     inputs = planning_inputs(cfg, meta["global_batch"])
     assert inputs == meta["planning"]
@@ -808,11 +804,11 @@ def _run_facts(meta: dict, **data: object):
     ],
 )
 def test_resume_refuses_other_data_settings(two_checkpoints: Path, change: dict, line: str) -> None:
-    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.checkpoint import check_resume, read_checkpoint_meta
     from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     check_resume(ck, meta, _run_facts(meta))  # the run that wrote it
     check_resume(ck, meta, _run_facts(meta, seed=7))  # unshuffled: the seed does not move the rows
     with pytest.raises(ConfigError) as e:
@@ -821,11 +817,11 @@ def test_resume_refuses_other_data_settings(two_checkpoints: Path, change: dict,
 
 
 def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Path) -> None:
-    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.checkpoint import check_resume, read_checkpoint_meta
     from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     meta["config"]["data"]["shuffle"] = True
     with pytest.raises(ConfigError) as e:
         check_resume(ck, meta, _run_facts(meta, seed=meta["config"]["seed"] + 1))
@@ -834,7 +830,7 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
         f"{meta['config']['seed'] + 1}; set seed={meta['config']['seed']} so the shuffled order carries over, or "
         "checkpoint.resume=none in a new checkpoint.dir"
     )
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     facts = _run_facts(meta)
     facts.steps_per_epoch = 63
     with pytest.raises(ConfigError) as e:
@@ -850,11 +846,11 @@ def test_resume_refuses_another_shuffle_seed_or_epoch_length(two_checkpoints: Pa
 def test_resume_refuses_another_table_optimizer(two_checkpoints: Path) -> None:
     """Element-wise and row-wise Adagrad keep differently shaped state: resuming across them would restart the
     tables' optimizer silently."""
-    from dlrm.checkpoint import check_resume, read_meta
+    from dlrm.checkpoint import check_resume, read_checkpoint_meta
     from dlrm.errors import ConfigError
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     facts = _run_facts(meta)
     was = facts.config.optimizer.sparse_type
     other = "adagrad" if was == "rowwise_adagrad" else "rowwise_adagrad"
@@ -941,10 +937,10 @@ def test_export_and_load_model_refuse_another_model(
 @pytest.mark.parametrize("key", ["global_batch", "scheduler", "step", "samples", "world_size", "config"])
 def test_resume_from_a_meta_json_without_a_key_is_a_checkpoint_error(two_checkpoints: Path, key: str) -> None:
     """A same-size edit of meta.json passes ``checkpoint.verify=size``; its missing keys are named, no KeyError."""
-    from dlrm.checkpoint import CheckpointError, check_resume, read_meta
+    from dlrm.checkpoint import CheckpointError, check_resume, read_checkpoint_meta
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
-    meta = read_meta(ck)
+    meta = read_checkpoint_meta(ck)
     facts = _run_facts(meta)
     del meta[key]
     kind = "object" if key in ("scheduler", "config") else "int"
@@ -961,11 +957,11 @@ def test_a_damaged_saved_plan_is_a_warning_and_a_new_plan(
 ) -> None:
     import logging
 
-    from dlrm.checkpoint import planning_inputs, read_meta, saved_plan
+    from dlrm.checkpoint import planning_inputs, read_checkpoint_meta, saved_plan
     from dlrm.dist import DistInfo
 
     ck = _copy_step(two_checkpoints / "checkpoints" / "step_8", tmp_path / "step_8")
-    meta = read_meta(str(ck))
+    meta = read_checkpoint_meta(str(ck))
     inputs = planning_inputs(_run_facts(meta).config, meta["global_batch"])
     (ck / "plan.json").write_text('{"format": "dlrm-plan/1"}')
     info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
@@ -982,10 +978,10 @@ def _local_pieces(state: dict) -> Dict[str, List[tuple]]:
     """name -> [(offsets, tensor)] of this rank's data (ShardedTensor: its local shards), cloned on the device."""
     from torchrec.distributed import ShardedTensor
 
-    from dlrm.checkpoint import _flatten
+    from dlrm.checkpoint.state_names import flatten_state
 
     out: Dict[str, List[tuple]] = {}
-    for k, v in _flatten(state).items():
+    for k, v in flatten_state(state).items():
         if isinstance(v, ShardedTensor):
             out[k] = [(tuple(s.metadata.shard_offsets), s.tensor.detach().clone()) for s in v.local_shards()]
         elif isinstance(v, torch.Tensor):
@@ -998,7 +994,8 @@ def test_async_save_on_cuda_staging_stream_is_the_step_state(tmp_path: Path) -> 
     """1 GPU, DLRM-v2 tables capped at 1 M rows (~3.7 GB): an async save issued right after step 3 was enqueued
     (no host sync) holds exactly step 3's weights and optimizer state, although steps 4-6 were enqueued right
     after it and update the same tensors in place (fused TBE Adagrad in backward, dense Adagrad)."""
-    from dlrm.checkpoint import _StreamStagedWriter, app_state, step_dir
+    from dlrm.checkpoint import app_state, step_dir
+    from dlrm.checkpoint.writers import StreamStagedWriter
     from dlrm.config import compose
     from dlrm.export import full_state_dict
     from dlrm.trainer import Trainer
@@ -1028,7 +1025,7 @@ def test_async_save_on_cuda_staging_stream_is_the_step_state(tmp_path: Path) -> 
             t.pipeline.progress(it)
             t.step += 1
         t.ckpt.save(t.state, block=False)
-        assert isinstance(t.ckpt._writer, _StreamStagedWriter)
+        assert isinstance(t.ckpt._writer, StreamStagedWriter)
         ref = _local_pieces(app_state(t.model, t.optimizer))  # on the training stream: step 3's values
         for _ in range(3):
             t.pipeline.progress(it)

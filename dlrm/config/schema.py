@@ -293,7 +293,7 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Sharded ``torch.distributed.checkpoint`` checkpoints, exact resume and preemption (``dlrm/checkpoint.py``)."""
+    """Sharded ``torch.distributed.checkpoint`` checkpoints, exact resume and preemption (``dlrm/checkpoint/``)."""
 
     dir: Optional[str] = None
     """Where ``step_<N>/`` checkpoints go (null: ``<run_dir>/checkpoints``); a restart must see the same one."""
