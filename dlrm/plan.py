@@ -51,7 +51,8 @@ from dlrm.graphed import check_graphed
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan, sharding_types_of
-from dlrm.traffic import StepTraffic, link_rates, model_traffic, traffic_report
+from dlrm.traffic import StepTraffic, model_traffic
+from dlrm.traffic_report import link_rates, traffic_report
 from dlrm.writable import output_file_problem, report_unwritable
 
 # The largest world size planned: TorchRec's planner (1.8) took about a minute for 1024 CPU ranks of the default

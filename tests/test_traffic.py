@@ -31,11 +31,11 @@ from dlrm.traffic import (
     ShardedTable,
     StepTraffic,
     dense_parameters,
-    format_traffic,
     job_traffic,
     step_traffic,
     tables_from_plan,
 )
+from dlrm.traffic_report import format_traffic
 
 BATCH = 8  # per rank
 SMALL = ["model.row_cap=64", "sharding.min_partition=4", f"data.batch_size={BATCH}"]
