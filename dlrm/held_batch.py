@@ -53,6 +53,7 @@ class HeldBatch:
         held_kjt = self.batch.sparse_features
         if ids_all_to_all:  # the step sends the ids itself (verified on the first batches: verify)
             self.static_dist = StaticInputDist(module, held_kjt, self.dist)
+            self.dist = self.static_dist.held  # row_wise parts: whole bags, weighted (StaticInputDist)
             return
         starts = dict(zip(kjt.keys(), held_kjt.offset_per_key()))
         counts = dict(zip(kjt.keys(), held_kjt.length_per_key()))

@@ -156,7 +156,7 @@ def test_plan_refuses_a_world_size_it_cannot_plan_at_once(capsys: pytest.Capture
 
 def test_plan_cli_estimate_uses_the_graphed_step_that_applies(tmp_path, capsys: pytest.CaptureFixture) -> None:
     """``pipeline=graphed``: the several-rank graph's figure on 2 ranks, the one-rank graph's on one; a plan the
-    graph refuses (row_wise tables on several ranks) is refused as the trainer refuses it."""
+    graph refuses (table_row_wise tables on several ranks) is refused as the trainer refuses it."""
     graphed = ["perf=fast", "pipeline=graphed", "optimizer.sparse_type=adagrad", "--estimate"]
     assert main([*SMALL, "sharding=table_wise", *graphed]) == 0
     out = capsys.readouterr().out
@@ -171,7 +171,7 @@ def test_plan_cli_estimate_uses_the_graphed_step_that_applies(tmp_path, capsys: 
     assert "3.18 ms compute (perf=fast pipeline=graphed, several-rank graph, forced on one H200, skewed ids" in (
         capsys.readouterr().out
     )
-    assert main([*SMALL, "sharding=row_wise", *graphed]) == 2
+    assert main([*SMALL, "sharding=table_row_wise", *graphed]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --estimate: config key `pipeline.name`: pipeline=graphed sends the ids with fixed")
-    assert "row_wise tables send each id to the rank that holds its row" in err
+    assert "table_row_wise tables send each id to the rank that holds its row" in err
