@@ -304,6 +304,12 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
         except ValueError as e:  # no measured figure for this optimizer or batch
             raise ConfigError(f"{ESTIMATE_FLAG}: {e}") from None
         source = est.step_source(kind, skewed)
+        if kind == est.GRAPHED_RANKS:  # row_wise tables: whole bags looked up on every rank
+            rw = sum(t.ids_per_sample for t in traffic.tables if t.sharding_type == "row_wise")
+            extra = est.whole_bag_tbe_ms(batch, pi.world_size, rw, sum(t.ids_per_sample for t in traffic.tables))
+            if extra:
+                compute += extra
+                source += f"; + {extra:.2f} ms of TBE for row_wise tables' whole bags, estimated"
     train, val, what = dataset_epoch(cfg, cfg.model.table_rows)
     e = est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms, train_samples=train, eval_samples=val)
     return est.format_estimate(e, source, dataset=what)

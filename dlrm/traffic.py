@@ -268,9 +268,15 @@ def _ring(
 
 
 def _input_dist(
-    lay: _Layout, group_tables: Sequence[ShardedTable], b: int, id_dtype: str, length_dtype: str
+    lay: _Layout,
+    group_tables: Sequence[ShardedTable],
+    b: int,
+    id_dtype: str,
+    length_dtype: str,
+    whole_row_bags: bool = False,
 ) -> List[Message]:
-    """The lengths and values all-to-alls of one group's KJTAllToAll, on every rank (module docstring)."""
+    """The lengths and values all-to-alls of one group's KJTAllToAll, on every rank (module docstring);
+    ``whole_row_bags``: row_wise tables' bags go whole to every rank (``pipeline=graphed`` on several ranks)."""
     w = lay.world
     lengths = [0.0] * w  # per destination, what every rank sends (same batch, same bags everywhere)
     ids = [0.0] * w
@@ -278,6 +284,12 @@ def _input_dist(
     estimated = False
     for t in group_tables:
         for block in t.blocks().values():
+            if t.sharding_type == "row_wise" and whole_row_bags:  # every id to every rank, exactly
+                for d in range(w):
+                    lengths[d] += b * t.bags
+                    ids[d] += b * t.ids_per_sample
+                total_ids += w * b * t.ids_per_sample
+                continue
             if t.sharding_type == "row_wise":
                 dests = list(range(w))
             elif t.sharding_type in ROW_SPLIT:  # bucketized over the ranks of the block's host
@@ -402,41 +414,14 @@ def _all_reduces(lay: _Layout, dense_params: int, allreduce_dtype: str, dp_bytes
     """The dense gradients' all-reduce (DDP, ``allreduce_dtype``) and each module's data_parallel tables' (fp32),
     on every rank."""
     ar_name, ar_b = dtype_size(allreduce_dtype)
+    reduced = [(dense_params * ar_b, "dense gradients", "dense", "", ar_name)]
+    reduced += [(nbytes, "table gradients", "data_parallel", module, "float32") for module, nbytes in dp_bytes.items()]
     everyone = list(range(lay.world))
     out = []
     for r in everyone:
-        dense = dense_params * ar_b
-        out.append(
-            _ring(
-                lay,
-                r,
-                everyone,
-                "all_reduce",
-                dense,
-                dense,
-                stage="all-reduce",
-                tensor="dense gradients",
-                sharding_type="dense",
-                module="",
-                dtype=ar_name,
-            )
-        )
-        for module, nbytes in dp_bytes.items():
-            out.append(
-                _ring(
-                    lay,
-                    r,
-                    everyone,
-                    "all_reduce",
-                    nbytes,
-                    nbytes,
-                    stage="all-reduce",
-                    tensor="table gradients",
-                    sharding_type="data_parallel",
-                    module=module,
-                    dtype="float32",
-                )
-            )
+        for nbytes, tensor, stype, module, dtype in reduced:
+            fields = dict(stage="all-reduce", tensor=tensor, sharding_type=stype, module=module, dtype=dtype)
+            out.append(_ring(lay, r, everyone, "all_reduce", nbytes, nbytes, **fields))
     return out
 
 
@@ -452,6 +437,7 @@ def step_traffic(
     id_dtype: str = "int64",
     length_dtype: str = "int32",
     fused_splits: bool = True,
+    whole_row_bags: bool = False,
 ) -> StepTraffic:
     """Every collective of one training step, per rank (the module docstring lists them).
 
@@ -464,6 +450,8 @@ def step_traffic(
         allreduce_dtype: the dense all-reduce (``perf.allreduce_dtype``).
         id_dtype / length_dtype: the KJT's values and lengths (:data:`ID_BYTES`, :data:`LENGTH_BYTES`).
         fused_splits: one splits all-to-all for every group (TorchRec's pipelines), else one per group.
+        whole_row_bags: row_wise tables' ids go to every rank as whole bags (``pipeline=graphed`` on several
+            ranks: :mod:`dlrm.static_input_dist`), ``world_size`` times their ids in all.
 
     Returns:
         A :class:`StepTraffic`; no messages on one rank (TorchRec and DDP send nothing over a link then).
@@ -479,7 +467,7 @@ def step_traffic(
         sharded, dp_bytes = _groups(tables)
         messages += _splits(lay, sharded, fused_splits)
         for group in sharded:
-            messages += _input_dist(lay, group, batch_size, id_dtype, length_dtype)
+            messages += _input_dist(lay, group, batch_size, id_dtype, length_dtype, whole_row_bags)
             messages += _output_dist(lay, group, batch_size, pooled_dtype)
         messages += _all_reduces(lay, dense_params, allreduce_dtype, dp_bytes)
     return StepTraffic(
@@ -562,7 +550,7 @@ def job_traffic(
     ``ShardingPlan``, ``dense_params`` from :func:`dense_parameters`. Ids per sample are the MLPerf multi-hot sizes
     with ``data.multi_hot``, else 1; dtypes come from ``perf.embedding_output_dtype``, ``perf.allreduce_dtype``
     and, unless ``id_dtype`` is given, ``data.name`` (:data:`ID_BYTES`); every ``pipeline=`` but ``base`` fuses
-    the splits."""
+    the splits; ``pipeline=graphed`` sends row_wise tables' bags whole to every rank."""
     from dlrm.model import FEATURE_NAMES, table_configs
 
     data = cfg.data  # type: ignore[attr-defined]
@@ -580,6 +568,7 @@ def job_traffic(
         id_dtype=id_dtype or ("int32" if ID_BYTES.get(data.name, DEFAULT_ID_BYTES) == 4 else "int64"),
         length_dtype="int32",
         fused_splits=cfg.pipeline.name != "base",  # type: ignore[attr-defined]
+        whole_row_bags=cfg.pipeline.name == "graphed",  # type: ignore[attr-defined]
     )
 
 

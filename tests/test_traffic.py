@@ -223,6 +223,21 @@ def test_table_row_wise_by_hand() -> None:
     assert by[(1, "output dist bwd", "all_to_all")].send_bytes == 640
 
 
+def test_graphed_step_sends_row_wise_bags_whole_to_every_rank() -> None:
+    """``pipeline=graphed`` on several ranks: a row_wise table's 10 x 2 ids of each rank go whole to each of the 4
+    ranks (160 bytes to each, 640 sent and received, exact); the table_wise table's ids are as in TorchRec's."""
+    rw = ShardedTable("ebc", "t1", "row_wise", 40, 4, 1, 2.0, tuple(Shard(r, 10 * r, 10, 0, 4) for r in range(4)))
+    tables = [_tw("t0", 1, 8, 3.0), rw]
+    kw = dict(world_size=4, local_world_size=2, batch_size=10, dense_params=1000)
+    tr = step_traffic(tables, whole_row_bags=True, **kw)  # type: ignore[arg-type]
+    by = {(m.rank, m.sharding_type, m.tensor): m for m in tr.messages if m.stage == "input dist"}
+    rv = by[(0, "row_wise", "values")]
+    assert (rv.send_bytes, rv.recv_bytes, rv.out_intra, rv.out_inter, rv.estimated) == (640, 640, 160, 320, False)
+    ref = step_traffic(tables, **kw)  # type: ignore[arg-type]
+    tw = [m for m in ref.messages if m.sharding_type == "table_wise"]
+    assert tw == [m for m in tr.messages if m.sharding_type == "table_wise"]
+
+
 def test_times_at_link_rates() -> None:
     """Time is the larger of what leaves and what arrives, per link class: rank 1's 640 bytes to host 1 at 400 Gb/s
     and its 320 bytes within the host at 3600 Gb/s; a world all-reduce of 10^9 fp32 parameters on one host of 4."""
