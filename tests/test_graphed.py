@@ -220,6 +220,14 @@ def test_cuda_graph_with_ids_all_to_all_on_one_rank_trains_as_torchrec_pipeline_
     assert len(msgs) == 2, msgs
 
 
+@pytest.mark.gpu
+def test_cuda_graph_with_a_row_wise_table_on_one_rank_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """The several-rank path forced on a one-rank NCCL world with a row_wise table: its whole bags and 0/1
+    weights (all 1 on one rank) built and fed to the TBE inside the captured graph."""
+    (msgs,) = run_gloo(1, _nccl_compare, [(" ".join(ROW_WISE), "adagrad"), (" ".join(ROW_WISE), "rowwise_adagrad")])
+    assert len(msgs) == 2, msgs
+
+
 def _nccl_compare(
     rank: int, world: int, cases: List[Tuple[str, str]], steps: int = STEPS_RANKS, paths: Any = None
 ) -> List[str]:
