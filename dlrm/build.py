@@ -26,7 +26,8 @@ from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_d
 from dlrm.pipeline import build_pipeline
 from dlrm.schedule import make_scheduler
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, seed_tables, shard, sharding_types_of
-from dlrm.traffic import model_traffic, traffic_report
+from dlrm.traffic import model_traffic
+from dlrm.traffic_report import traffic_report
 
 log = logging.getLogger("dlrm.trainer")  # the trainer's build: its lines keep the trainer's logger name
 

@@ -7,7 +7,8 @@ It is arithmetic on measured figures, not a measurement:
   ``bench.throughput``, docs/performance.md), linearly interpolated between the measured batch sizes, or
   ``--step-ms`` (your own figure). The kind of step (:func:`step_kind`): eager; ``pipeline=graphed`` on one rank;
   or, on several ranks, the several-rank graph (ids all-to-all with fixed splits and the dense all-reduce inside
-  it), measured forced on one H200. With real Criteo data (``data=criteo_binary`` or ``criteo_tsv``) the figure
+  it), measured forced on one H200, plus the TBE lookups of row_wise tables' whole bags (:func:`whole_bag_tbe_ms`).
+  With real Criteo data (``data=criteo_binary`` or ``criteo_tsv``) the figure
   measured on skewed ids (``--ids criteo``, :data:`SKEWED_STEP_MS`) where there is one, else the uniform ids' (the
   TBE's worst case);
 - the step's collectives: ``dlrm.traffic``'s time for the plan at the link rates (peak rates, one after another);
@@ -121,6 +122,28 @@ def step_ms(sparse_type: str, kind: str, per_gpu_batch: int, skewed: bool = Fals
         what = f" of {STEP_KINDS[kind]}" if kind != EAGER else ""
         raise ValueError(f"the per-GPU batch {per_gpu_batch} is outside the measured {lo}-{hi}{what}; give --step-ms")
     return _interpolate(points, per_gpu_batch), False
+
+
+# 1x H200, perf=fast pipeline=graphed, element-wise Adagrad, uniform ids: the TBE's forward lookup plus its
+# backward with the fused optimizer, GPU ms per step by per-GPU batch (docs/performance.md, "Where the time goes")
+TBE_MS: Dict[int, float] = {8192: 0.228 + 0.878, 32768: 0.847 + 3.016}
+
+
+def whole_bag_tbe_ms(per_gpu_batch: int, world_size: int, row_wise_ids: float, all_ids: float) -> float:
+    """The TBE time the several-rank graph adds for row_wise tables: it looks up their whole bags of every rank on
+    every rank (weight 0 outside the rank's rows), ``world_size - 1`` times their ids more than TorchRec's row
+    routing, taken as that share of :data:`TBE_MS` (linear in the ids; the batch's figure interpolated, scaled
+    by the batch outside the measured ones). ``row_wise_ids`` / ``all_ids``: ids per sample of the row_wise
+    tables / of every table. Milliseconds."""
+    if world_size <= 1 or row_wise_ids <= 0 or all_ids <= 0:
+        return 0.0
+    lo, hi = min(TBE_MS), max(TBE_MS)
+    if per_gpu_batch < lo or per_gpu_batch > hi:
+        edge = lo if per_gpu_batch < lo else hi
+        tbe = TBE_MS[edge] * per_gpu_batch / edge
+    else:
+        tbe = _interpolate(TBE_MS, per_gpu_batch)
+    return tbe * (world_size - 1) * row_wise_ids / all_ids
 
 
 def step_source(kind: str, skewed: bool) -> str:

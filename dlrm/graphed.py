@@ -36,11 +36,11 @@ Several ranks (or one, forced with ``ids_all_to_all=True``): the held input dist
 since each rank's ids come from every rank. With fixed bag sizes every full batch sends the same number of ids
 between the same positions, so :class:`dlrm.static_input_dist.StaticInputDist` finds those positions once and
 the graph sends only the ids, with fixed split sizes (``torch.distributed.all_to_all_single``); its output is
-checked against TorchRec's input dist on the first ``VERIFY_BATCHES`` full batches. The captured step then holds
-the ids all-to-all, the TBE forward, the output-dist all-to-all, the dense forward and backward, the backward
-all-to-all, the TBE backward with its fused optimizer, the dense gradients' all-reduce (one flat fp32 buffer,
-scaled by the world size as DDP scales it) and the dense Adagrad step. The host copies the next batch into the
-input buffers and replays.
+checked against TorchRec's input dist on the first ``VERIFY_BATCHES`` full batches (:mod:`dlrm.held_batch` holds
+the input buffers and does the check). The captured step then holds the ids all-to-all, the TBE forward, the
+output-dist all-to-all, the dense forward and backward, the backward all-to-all, the TBE backward with its fused
+optimizer, the dense gradients' all-reduce (one flat fp32 buffer, scaled by the world size as DDP scales it) and the
+dense Adagrad step. The host copies the next batch into the input buffers and replays.
 
 Evaluation (:meth:`GraphedTrainPipeline.evaluate`): the same for the forward. Evaluation batches are padded to
 one size (:func:`dlrm.data.eval_batches`), so after one eager batch (``EVAL_WARMUP_BATCHES``) the next becomes
@@ -54,9 +54,15 @@ the host, so the graph gains less than for the step: 9.6-9.8 M samples/s against
 
 The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses, tables, dense
 parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks, with a schedule too).
+Row_wise tables on several ranks: TorchRec's input dist sends each id to the rank holding its row, so how many ids
+each rank receives changes every batch. The graph sends every rank the whole bags of each row_wise feature instead
+(fixed sizes again); each rank looks up the ids in its rows (less its first row) with weight 1 and the others as
+row 0 with weight 0, so the TBE pools and updates as it would on TorchRec's ids (``per_sample_weights``; a weight-0
+id adds an exact 0 to the forward and a 0 gradient that leaves the row and its Adagrad state bit for bit,
+``tests/test_graphed.py``). The output dist (the partial sums' reduce-scatter) stays TorchRec's.
 What a replay cannot follow is refused (:func:`check_graphed`): offload, a CPU device, and on several ranks input
-dists that route ids by value (row_wise, table_row_wise, grid_shard: how many ids each rank receives changes every
-batch) and a reduced-precision dense all-reduce. The
+dists that route ids by value within a host in a staggered rank order (table_row_wise, grid_shard) and a
+reduced-precision dense all-reduce. The
 capture needs the process's current CUDA stream to be a stream of its own, set before the model is built
 (:func:`use_capture_stream`): autograd binds each parameter's gradient accumulation to the stream current when
 DDP first registers it, and the legacy default stream cannot take part in a capture.
@@ -67,7 +73,6 @@ whose bag sizes differ from the captured ones stops the run with :class:`dlrm.mo
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -76,13 +81,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.types import ShardedModule
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm import torchrec_compat as compat
 from dlrm.config import Config
 from dlrm.errors import ConfigError
+from dlrm.held_batch import HeldBatch
 from dlrm.model import BatchError
-from dlrm.static_input_dist import VALUE_ROUTED, StaticInputDist
+from dlrm.static_input_dist import VALUE_ROUTED
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +99,6 @@ EAGER_DIVISION = {"eager_numerics.division_rounding": True}
 WARMUP_STEPS = 2  # eager steps before the rehearsal: the first compiles, the second runs warm
 CHECK_EVERY = 100  # steps between host reads of the bag-size flag
 EVAL_WARMUP_BATCHES = 1  # eager evaluation batches before the held one (the first compiles the eval forward)
-VERIFY_BATCHES = 2  # full batches whose static ids all-to-all is compared with TorchRec's input dist
 # DDP comm hooks that divide each bucket by the world size before a sum all-reduce (torch's default hook, and the
 # held all-reduce of perf.allreduce_after_output_dist, which issues it); without a hook DDP's reducer multiplies by
 # the reciprocal instead (the same for a world size that is a power of two)
@@ -114,9 +118,10 @@ def check_graphed(
     Raises:
         ConfigError: not CUDA; ``offload`` other than ``none``; data_parallel tables (the compiled dense
             Adagrad step does not take their weights); on several ranks, a plan (or
-            ``sharding.sharding_types``) with row_wise, table_row_wise or grid_shard tables, whose input dist sends
-            each id to the rank holding its row (the all-to-all's sizes change every batch), or
-            ``perf.allreduce_dtype`` other than fp32 (the graph all-reduces the dense gradients in fp32).
+            ``sharding.sharding_types``) with table_row_wise or grid_shard tables, whose input dist sends each id
+            to the rank holding its row within a host (the all-to-all's sizes change every batch; row_wise tables
+            are taken: :mod:`dlrm.static_input_dist` sends them whole bags), or ``perf.allreduce_dtype`` other
+            than fp32 (the graph all-reduces the dense gradients in fp32).
     """
     if cfg.pipeline.name != "graphed":
         return
@@ -143,7 +148,8 @@ def check_graphed(
         raise ConfigError(
             f"{key} sends the ids with fixed splits on several ranks, but {'/'.join(routed)} tables send each id "
             "to the rank that holds its row, so the all-to-all's sizes change with every batch; use "
-            "sharding=table_wise or column_wise (or per-table sharding.constraints), or pipeline=sparse_dist"
+            "sharding=table_wise, column_wise or row_wise (or per-table sharding.constraints), or "
+            "pipeline=sparse_dist"
         )
     if cfg.perf.allreduce_dtype != "fp32":
         raise ConfigError(
@@ -259,7 +265,7 @@ class GraphedTrainPipeline:
         self._next: Optional[Batch] = None
         self._exhausted = False
         self._steps = 0
-        self._held: Optional[_Held] = None  # the training step's input buffers and held input dist
+        self._held: Optional[HeldBatch] = None  # the training step's input buffers and held input dist
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         self._out: Tuple[torch.Tensor, ...] = ()
         self._grads: List[torch.Tensor] = []  # the graph's gradient buffers, kept alive with it
@@ -272,7 +278,7 @@ class GraphedTrainPipeline:
         world = dist.get_world_size() if dist.is_initialized() else 1
         self._ids_all_to_all = world > 1 if ids_all_to_all is None else ids_all_to_all
         # evaluation (evaluate): the forward's input buffers, graph and outputs, and the batches seen
-        self._eval_held: Optional[_Held] = None
+        self._eval_held: Optional[HeldBatch] = None
         self._eval_graph: Optional[torch.cuda.CUDAGraph] = None
         self._eval_out: Tuple[torch.Tensor, ...] = ()
         self._eval_batches = 0
@@ -316,7 +322,7 @@ class GraphedTrainPipeline:
             return self._eager_step(batch)
         first = self._held is None  # on the batch that becomes the input buffers
         if first:
-            self._held = _Held(self._sharded, batch, self._ids_all_to_all)
+            self._held = HeldBatch(self._sharded, batch, self._ids_all_to_all)
         else:
             self._held.load(batch)
             if self._steps % CHECK_EVERY == 0:
@@ -404,7 +410,7 @@ class GraphedTrainPipeline:
             return self._model(batch)[1]
         rehearsal = held is None
         if held is None:
-            held = self._eval_held = _Held(self._sharded, batch, self._ids_all_to_all)
+            held = self._eval_held = HeldBatch(self._sharded, batch, self._ids_all_to_all)
         else:
             held.load(batch)
         held.verify(self._sharded, "evaluation batch", "of the captured shape")
@@ -548,114 +554,3 @@ class GraphedTrainPipeline:
             return batch.to(self._device)
         with torch.cuda.stream(self._copy_stream):
             return batch.to(self._device, non_blocking=True)
-
-
-class _Held:
-    """Input buffers of one batch shape and the sharded module's input dist held for them (the training step's,
-    or the evaluation forward's).
-
-    Args:
-        module: the sharded module; batch: the batch whose copies become the buffers (on the device).
-        ids_all_to_all: send the ids with fixed splits (:class:`dlrm.static_input_dist.StaticInputDist`; collective,
-            every rank at the same point); else rebuild the held input dist by a gather (one rank).
-
-    Raises:
-        ConfigError: without the ids all-to-all, an input dist that changes the ids; with it, those of
-            :class:`dlrm.static_input_dist.StaticInputDist`.
-    """
-
-    def __init__(self, module: ShardedModule, batch: Batch, ids_all_to_all: bool) -> None:
-        kjt = batch.sparse_features
-        values, lengths = kjt.values().clone(), kjt.lengths().clone()
-        self.batch = Batch(
-            dense_features=batch.dense_features.clone(),
-            sparse_features=KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=lengths),
-            labels=batch.labels.clone(),
-        )
-        self.bad = torch.zeros((), dtype=torch.bool, device=values.device)  # a loaded batch had other bag sizes
-        self.ctx = module.create_context()
-        self.dist = module.input_dist(self.ctx, self.batch.sparse_features).wait().wait()
-        self.gathers: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (held values, gather index)
-        self.static_dist: Optional[StaticInputDist] = None
-        self.verify_left = VERIFY_BATCHES
-        held_kjt = self.batch.sparse_features
-        if ids_all_to_all:  # the step sends the ids itself (verified on the first batches: verify)
-            self.static_dist = StaticInputDist(module, held_kjt, self.dist)
-            return
-        starts = dict(zip(kjt.keys(), held_kjt.offset_per_key()))
-        counts = dict(zip(kjt.keys(), held_kjt.length_per_key()))
-        for part in self.dist:
-            index = torch.cat(
-                [torch.arange(starts[k], starts[k] + counts[k], device=values.device) for k in part.keys()]
-            )
-            identity = index.numel() == values.numel() and bool(
-                torch.equal(index, torch.arange(index.numel(), device=index.device))
-            )
-            held = part.values()
-            if not torch.equal(held, values[index].to(held.dtype)):
-                raise ConfigError(
-                    "config key `pipeline.name`: pipeline=graphed found an input dist that changes the ids (this "
-                    f"plan's {type(part).__name__} for keys {list(part.keys())[:3]}...), which a replay cannot "
-                    "rebuild; use sharding=table_wise or pipeline=sparse_dist"
-                )
-            self.gathers.append((held, None if identity else index))
-
-    def fits(self, batch: Batch) -> bool:
-        """Whether ``batch`` has the buffers' shapes (its bag sizes are checked on the device: :meth:`load`)."""
-        kjt, held = batch.sparse_features, self.batch
-        return (
-            batch.dense_features.shape == held.dense_features.shape
-            and kjt.values().numel() == held.sparse_features.values().numel()
-            and kjt.keys() == held.sparse_features.keys()
-        )
-
-    def load(self, batch: Batch) -> None:
-        """Copy ``batch`` into the input buffers (ids into the held input dist's values, or into the buffers' KJT
-        that the ids all-to-all sends); flag other bag sizes on the device, without a host sync."""
-        kjt = batch.sparse_features
-        self.bad |= (kjt.lengths() != self.batch.sparse_features.lengths()).any()
-        src = kjt.values()
-        if self.static_dist is not None:
-            self.batch.sparse_features.values().copy_(src, non_blocking=True)
-        for held, index in self.gathers:
-            held.copy_(src if index is None else src.index_select(0, index), non_blocking=True)
-        self.batch.dense_features.copy_(batch.dense_features, non_blocking=True)
-        self.batch.labels.copy_(batch.labels, non_blocking=True)
-
-    def any_bad(self) -> bool:
-        """Whether a loaded batch had other bag sizes (one host sync; with the ids all-to-all collective: true on
-        every rank if on one)."""
-        bad = self.bad
-        if self.static_dist is not None:
-            bad = bad.to(torch.int32).reshape(1)
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.static_dist.group)
-        return bool(bad.item())
-
-    def verify(self, module: ShardedModule, what: str, when: str) -> None:
-        """On the first ``VERIFY_BATCHES`` batches with the ids all-to-all (else nothing): send the buffers' ids
-        with the static all-to-all and compare the result with TorchRec's input dist of the same KJT, on every
-        rank; all ranks raise ConfigError together if one differs."""
-        if self.static_dist is None or self.verify_left <= 0:
-            return
-        kjt = self.batch.sparse_features
-        self.static_dist.run(kjt.values())
-        same, why = self.static_dist.check(module, kjt)
-        flag = torch.tensor([0 if same else 1], dtype=torch.int32, device=kjt.values().device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.static_dist.group)
-        self.verify_left -= 1
-        if int(flag.item()):
-            raise ConfigError(
-                f"config key `pipeline.name`: pipeline=graphed's ids all-to-all with fixed splits differs from "
-                f"TorchRec's input dist on {what} {VERIFY_BATCHES - self.verify_left} {when} "
-                f"({why or 'on another rank'}); use pipeline=sparse_dist"
-            )
-
-    @contextlib.contextmanager
-    def forward_from_input_dist(self, module: ShardedModule) -> Iterator[None]:
-        """``module``'s forward, for the duration, is the lookup and output dist of the held input dist."""
-        ctx, held = self.ctx, self.dist
-        module.forward = lambda *args, **kwargs: module.compute_and_output_dist(ctx, held)  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            del module.forward

@@ -75,6 +75,7 @@ PRIVATE_NAMES: Dict[str, str] = {
     "torch.utils._python_dispatch.TorchDispatchMode": "sees every c10d collective, C++ callers (DDP) included",
     "c10d::_reduce_scatter_base_": "the op behind dist.reduce_scatter_tensor (args: output, input, group)",
     "c10d::_allgather_base_": "the op behind dist.all_gather_into_tensor (args: output, input, group)",
+    "RwSparseFeaturesDist._feature_block_sizes_tensor": "rows per rank of each row_wise feature's table",
 }
 
 
@@ -158,6 +159,20 @@ def kjt_all_to_all_group(a2a: KJTAllToAll) -> dist.ProcessGroup:
     if not isinstance(pg, dist.ProcessGroup):
         raise _missing("KJTAllToAll._pg", "KJTAllToAll")
     return pg
+
+
+def row_block_sizes(input_dist: torch.nn.Module) -> List[int]:
+    """Rows per rank of each feature's table in a row_wise input dist (``RwSparseFeaturesDist``), in the order of
+    its features: rank ``r`` holds rows ``[r * size, (r + 1) * size)`` and receives the ids in that range, less
+    ``r * size`` (TorchRec's bucketize).
+
+    Raises:
+        MissingInternalError: the input dist keeps them elsewhere.
+    """
+    sizes = getattr(input_dist, "_feature_block_sizes_tensor", None)
+    if not isinstance(sizes, torch.Tensor):
+        raise _missing("RwSparseFeaturesDist._feature_block_sizes_tensor", type(input_dist).__name__)
+    return [int(v) for v in sizes.tolist()]
 
 
 def set_kjt_all_to_all_group(a2a: KJTAllToAll, group: dist.ProcessGroup) -> None:

@@ -1,8 +1,8 @@
 """Communication of one training step, from the sharding plan alone: every collective the input dist, the output
 dist and the gradient all-reduces run, the bytes each rank hands each of them, and how long they take at a given
 link bandwidth. ``python -m dlrm.plan`` and the trainer's start-up log print it beside the memory per rank
-(:func:`format_traffic`); ``tests/test_traffic.py`` checks every message against the collectives TorchRec and
-DDP really issue in a training step on 2 and 4 gloo ranks.
+(:mod:`dlrm.traffic_report`); ``tests/test_traffic.py`` checks every message against the collectives TorchRec and DDP
+really issue in a training step on 2 and 4 gloo ranks.
 
 Pure arithmetic on the plan (per table: sharding type, shard ranks, offsets and sizes), the batch per rank, the
 bags and ids per sample, the embedding dims and dtypes, and the dense parameter count; no process group and no
@@ -85,7 +85,7 @@ ALL_TO_ALL_BACK = ("table_wise", "column_wise", "table_column_wise")
 _DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32", "int64": "int64"}
 
 
-def _dtype(name: str) -> Tuple[str, int]:
+def dtype_size(name: str) -> Tuple[str, int]:
     """``(torch dtype name, bytes per element)`` of a config dtype (``fp32``, ``fp16``, ``bf16``, ``int32``,
     ``int64``) or a torch name (``float32``, ...)."""
     torch_name = _DTYPE_NAMES.get(name, name)
@@ -268,9 +268,15 @@ def _ring(
 
 
 def _input_dist(
-    lay: _Layout, group_tables: Sequence[ShardedTable], b: int, id_dtype: str, length_dtype: str
+    lay: _Layout,
+    group_tables: Sequence[ShardedTable],
+    b: int,
+    id_dtype: str,
+    length_dtype: str,
+    whole_row_bags: bool = False,
 ) -> List[Message]:
-    """The lengths and values all-to-alls of one group's KJTAllToAll, on every rank (module docstring)."""
+    """The lengths and values all-to-alls of one group's KJTAllToAll, on every rank (module docstring);
+    ``whole_row_bags``: row_wise tables' bags go whole to every rank (``pipeline=graphed`` on several ranks)."""
     w = lay.world
     lengths = [0.0] * w  # per destination, what every rank sends (same batch, same bags everywhere)
     ids = [0.0] * w
@@ -278,6 +284,12 @@ def _input_dist(
     estimated = False
     for t in group_tables:
         for block in t.blocks().values():
+            if t.sharding_type == "row_wise" and whole_row_bags:  # every id to every rank, exactly
+                for d in range(w):
+                    lengths[d] += b * t.bags
+                    ids[d] += b * t.ids_per_sample
+                total_ids += w * b * t.ids_per_sample
+                continue
             if t.sharding_type == "row_wise":
                 dests = list(range(w))
             elif t.sharding_type in ROW_SPLIT:  # bucketized over the ranks of the block's host
@@ -291,8 +303,8 @@ def _input_dist(
                 ids[s.rank] += b * t.ids_per_sample * s.rows / rows
             total_ids += b * t.ids_per_sample
             estimated |= len(dests) > 1
-    id_name, id_b = _dtype(id_dtype)
-    len_name, len_b = _dtype(length_dtype)
+    id_name, id_b = dtype_size(id_dtype)
+    len_name, len_b = dtype_size(length_dtype)
     sharding_type, module = group_tables[0].sharding_type, group_tables[0].module
     out = []
     everyone = list(range(w))
@@ -320,7 +332,7 @@ def _input_dist(
 def _output_dist(lay: _Layout, group_tables: Sequence[ShardedTable], b: int, pooled_dtype: str) -> List[Message]:
     """The pooled embeddings forward and their gradients backward of one group, on every rank."""
     w, local = lay.world, lay.local
-    name, e = _dtype(pooled_dtype)
+    name, e = dtype_size(pooled_dtype)
     stype, module = group_tables[0].sharding_type, group_tables[0].module
     width = [0.0] * w  # pooled columns each rank computes, over all samples of the step
     for t in group_tables:
@@ -358,6 +370,61 @@ def _output_dist(lay: _Layout, group_tables: Sequence[ShardedTable], b: int, poo
     return out
 
 
+def _groups(tables: Sequence[ShardedTable]) -> Tuple[List[List[ShardedTable]], Dict[str, float]]:
+    """The sharded groups (one per module and sharding type, data_parallel apart) and, per module, the bytes of its
+    data_parallel tables (what their DDP all-reduces)."""
+    groups: Dict[Tuple[str, str], List[ShardedTable]] = {}
+    for t in tables:
+        groups.setdefault((t.module, t.sharding_type), []).append(t)
+    dp_bytes: Dict[str, float] = {}
+    sharded = []
+    for (module, stype), group in groups.items():
+        if stype == "data_parallel":
+            dp_bytes[module] = dp_bytes.get(module, 0.0) + sum(t.rows * t.dim * t.weight_bytes for t in group)
+        else:
+            sharded.append(group)
+    return sharded, dp_bytes
+
+
+def _splits(lay: _Layout, sharded: Sequence[Sequence[ShardedTable]], fused: bool) -> List[Message]:
+    """The input dist's splits all-to-all(s), on every rank: one for every group when ``fused``, else one per
+    group; none without a sharded group."""
+    everyone = list(range(lay.world))
+    calls = [(len(sharded), "all", "")] if fused else [(1, g[0].sharding_type, g[0].module) for g in sharded]
+    out = []
+    for n, stype, module in calls if sharded else []:
+        for r in everyone:
+            out.append(
+                _all_to_all(
+                    lay,
+                    r,
+                    everyone,
+                    lambda s, d, n=n: 3 * 8 * n,  # type: ignore[misc]
+                    stage="input dist",
+                    tensor="splits",
+                    sharding_type=stype,
+                    module=module,
+                    dtype="int64",
+                )
+            )
+    return out
+
+
+def _all_reduces(lay: _Layout, dense_params: int, allreduce_dtype: str, dp_bytes: Mapping[str, float]) -> List[Message]:
+    """The dense gradients' all-reduce (DDP, ``allreduce_dtype``) and each module's data_parallel tables' (fp32),
+    on every rank."""
+    ar_name, ar_b = dtype_size(allreduce_dtype)
+    reduced = [(dense_params * ar_b, "dense gradients", "dense", "", ar_name)]
+    reduced += [(nbytes, "table gradients", "data_parallel", module, "float32") for module, nbytes in dp_bytes.items()]
+    everyone = list(range(lay.world))
+    out = []
+    for r in everyone:
+        for nbytes, tensor, stype, module, dtype in reduced:
+            fields = dict(stage="all-reduce", tensor=tensor, sharding_type=stype, module=module, dtype=dtype)
+            out.append(_ring(lay, r, everyone, "all_reduce", nbytes, nbytes, **fields))
+    return out
+
+
 def step_traffic(
     tables: Sequence[ShardedTable],
     *,
@@ -370,6 +437,7 @@ def step_traffic(
     id_dtype: str = "int64",
     length_dtype: str = "int32",
     fused_splits: bool = True,
+    whole_row_bags: bool = False,
 ) -> StepTraffic:
     """Every collective of one training step, per rank (the module docstring lists them).
 
@@ -382,6 +450,8 @@ def step_traffic(
         allreduce_dtype: the dense all-reduce (``perf.allreduce_dtype``).
         id_dtype / length_dtype: the KJT's values and lengths (:data:`ID_BYTES`, :data:`LENGTH_BYTES`).
         fused_splits: one splits all-to-all for every group (TorchRec's pipelines), else one per group.
+        whole_row_bags: row_wise tables' ids go to every rank as whole bags (``pipeline=graphed`` on several
+            ranks: :mod:`dlrm.static_input_dist`), ``world_size`` times their ids in all.
 
     Returns:
         A :class:`StepTraffic`; no messages on one rank (TorchRec and DDP send nothing over a link then).
@@ -394,71 +464,12 @@ def step_traffic(
     lay = _Layout(world_size, local_world_size)
     messages: List[Message] = []
     if world_size > 1:
-        groups: Dict[Tuple[str, str], List[ShardedTable]] = {}
-        for t in tables:
-            groups.setdefault((t.module, t.sharding_type), []).append(t)
-        dp_bytes: Dict[str, float] = {}
-        sharded = []
-        for (module, stype), group in groups.items():
-            if stype == "data_parallel":
-                dp_bytes[module] = dp_bytes.get(module, 0.0) + sum(t.rows * t.dim * t.weight_bytes for t in group)
-            else:
-                sharded.append(group)
-        everyone = list(range(world_size))
-        splits = (
-            [(len(sharded), "all", "")] if fused_splits else [(1, g[0].sharding_type, g[0].module) for g in sharded]
-        )
-        for n, stype, module in splits if sharded else []:
-            for r in everyone:
-                messages.append(
-                    _all_to_all(
-                        lay,
-                        r,
-                        everyone,
-                        lambda s, d, n=n: 3 * 8 * n,  # type: ignore[misc]
-                        stage="input dist",
-                        tensor="splits",
-                        sharding_type=stype,
-                        module=module,
-                        dtype="int64",
-                    )
-                )
+        sharded, dp_bytes = _groups(tables)
+        messages += _splits(lay, sharded, fused_splits)
         for group in sharded:
-            messages += _input_dist(lay, group, batch_size, id_dtype, length_dtype)
+            messages += _input_dist(lay, group, batch_size, id_dtype, length_dtype, whole_row_bags)
             messages += _output_dist(lay, group, batch_size, pooled_dtype)
-        ar_name, ar_b = _dtype(allreduce_dtype)
-        for r in everyone:
-            messages.append(
-                _ring(
-                    lay,
-                    r,
-                    everyone,
-                    "all_reduce",
-                    dense_params * ar_b,
-                    dense_params * ar_b,
-                    stage="all-reduce",
-                    tensor="dense gradients",
-                    sharding_type="dense",
-                    module="",
-                    dtype=ar_name,
-                )
-            )
-            for module, nbytes in dp_bytes.items():
-                messages.append(
-                    _ring(
-                        lay,
-                        r,
-                        everyone,
-                        "all_reduce",
-                        nbytes,
-                        nbytes,
-                        stage="all-reduce",
-                        tensor="table gradients",
-                        sharding_type="data_parallel",
-                        module=module,
-                        dtype="float32",
-                    )
-                )
+        messages += _all_reduces(lay, dense_params, allreduce_dtype, dp_bytes)
     return StepTraffic(
         tuple(messages),
         tuple(tables),
@@ -539,7 +550,7 @@ def job_traffic(
     ``ShardingPlan``, ``dense_params`` from :func:`dense_parameters`. Ids per sample are the MLPerf multi-hot sizes
     with ``data.multi_hot``, else 1; dtypes come from ``perf.embedding_output_dtype``, ``perf.allreduce_dtype``
     and, unless ``id_dtype`` is given, ``data.name`` (:data:`ID_BYTES`); every ``pipeline=`` but ``base`` fuses
-    the splits."""
+    the splits; ``pipeline=graphed`` sends row_wise tables' bags whole to every rank."""
     from dlrm.model import FEATURE_NAMES, table_configs
 
     data = cfg.data  # type: ignore[attr-defined]
@@ -557,127 +568,8 @@ def job_traffic(
         id_dtype=id_dtype or ("int32" if ID_BYTES.get(data.name, DEFAULT_ID_BYTES) == 4 else "int64"),
         length_dtype="int32",
         fused_splits=cfg.pipeline.name != "base",  # type: ignore[attr-defined]
+        whole_row_bags=cfg.pipeline.name == "graphed",  # type: ignore[attr-defined]
     )
-
-
-# ------------------------------------------------------------------------------------------------ printing
-def format_bytes(n: float) -> str:
-    """``n`` bytes in GiB / MiB / KiB (2 decimals) or B."""
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _dataflow(stype: str) -> Tuple[str, str, str]:
-    """(ids to the shards, where the TBE pools, what brings the pooled embeddings back) for a sharding type."""
-    if stype == "table_wise":
-        return "all-to-all to the table's rank", "whole bags, on that rank", "all-to-all (gradients: all-to-all)"
-    if stype in ("column_wise", "table_column_wise"):
-        return (
-            "all-to-all, every id to each column shard",
-            "whole bags, per column shard",
-            "all-to-all (gradients: all-to-all)",
-        )
-    if stype == "row_wise":
-        return (
-            "all-to-all to the row's rank",
-            "partial sums, on every rank",
-            "reduce-scatter (gradients: all-gather)",
-        )
-    if stype in ("table_row_wise", "grid_shard"):
-        return (
-            "all-to-all to the row's rank in the host",
-            "partial sums, per rank of the host",
-            "reduce-scatter in the host + all-to-all across hosts",
-        )
-    return "none (a replica on every rank)", "whole bags, on every rank", "none (gradients: all-reduce)"
-
-
-def _fmt_seconds(t: float) -> str:
-    return f"{t * 1e3:.2f} ms" if t >= 1e-5 else f"{t * 1e6:.2f} us"
-
-
-def _rate(gbps: float) -> str:
-    name = {NVLINK_H200_GBPS: ", NVLink on H200", IB_400_GBPS: ", InfiniBand"}.get(gbps, "")
-    return f"{gbps:g} Gb/s ({gbps / 8:g} GB/s{name})"
-
-
-def format_traffic(traffic: StepTraffic, intra_gbps: Optional[float], inter_gbps: Optional[float]) -> str:
-    """The step's traffic as text: one line per sharding type (where ids go, where the TBE pools, which collective
-    brings the pooled embeddings back), the all-reduces, then one line per rank (bytes handed to the input dist's
-    all-to-alls, the output dist forward and backward and the all-reduces, their sum, the bytes that leave the
-    rank, and the time at ``intra_gbps`` within a host / ``inter_gbps`` across hosts, Gb/s; no time column when
-    they are None), then the step's collectives one after another."""
-    tr = traffic
-    head = (
-        f"traffic per training step ({tr.batch_size:,} samples per rank; ids {_dtype(tr.id_dtype)[0]}, lengths "
-        f"{_dtype(tr.length_dtype)[0]}, pooled embeddings and their gradients {tr.pooled_dtype}; ids are not "
-        "deduplicated):"
-    )
-    if tr.world_size == 1:
-        return head[:-1] + ": one rank, no collectives."
-    counts: Dict[str, int] = {}
-    for t in tr.tables:
-        counts[t.sharding_type] = counts.get(t.sharding_type, 0) + 1
-    flow = [("sharding type", "tables", "input dist: ids to the shards", "pooling (FBGEMM TBE)", "output dist")]
-    for stype in sorted(counts, key=lambda s: (-counts[s], s)):
-        flow.append((stype, str(counts[stype]), *_dataflow(stype)))
-    out = [head, *_table(flow)]
-    dp = sum(t.rows * t.dim for t in tr.tables if t.sharding_type == "data_parallel")
-    out.append(
-        f"all-reduce: {tr.dense_params:,} dense gradients ({tr.allreduce_dtype})"
-        + (f", {dp:,} data_parallel table gradients (fp32, a DDP of their own)" if dp else "")
-    )
-    timed = intra_gbps is not None and inter_gbps is not None
-    what = "bytes each rank hands each collective (its own share included)"
-    if not timed:
-        out.append(f"{what}:")
-    elif tr.world_size > tr.local_world_size and intra_gbps != inter_gbps:
-        out.append(f"{what}, and their time at {_rate(intra_gbps)} within a host, {_rate(inter_gbps)} across hosts:")  # type: ignore[arg-type]
-    else:
-        out.append(f"{what}, and their time at {_rate(intra_gbps)} per link:")  # type: ignore[arg-type]
-    cols = ("rank", "splits", "lengths", "values", "out fwd", "out bwd", "all-reduce", "sum", "leaves rank")
-    rows = [cols + (("time",) if timed else ())]
-    for r in range(tr.world_size):
-        ms = tr.of_rank(r)
-        by = {
-            "splits": sum(m.send_bytes for m in ms if m.tensor == "splits"),
-            "lengths": sum(m.send_bytes for m in ms if m.tensor == "lengths"),
-            "values": sum(m.send_bytes for m in ms if m.tensor == "values"),
-            "out fwd": sum(m.send_bytes for m in ms if m.stage == "output dist fwd"),
-            "out bwd": sum(m.send_bytes for m in ms if m.stage == "output dist bwd"),
-            "all-reduce": sum(m.send_bytes for m in ms if m.stage == "all-reduce"),
-        }
-        row = [str(r), *(format_bytes(v) for v in by.values()), format_bytes(sum(by.values()))]
-        row.append(format_bytes(sum(m.out_intra + m.out_inter for m in ms)))
-        if timed:
-            row.append(_fmt_seconds(sum(m.seconds(intra_gbps, inter_gbps) for m in ms)))  # type: ignore[arg-type]
-        rows.append(tuple(row))
-    out += _table(rows)
-    if timed:
-        step = _fmt_seconds(tr.step_seconds(intra_gbps, inter_gbps))  # type: ignore[arg-type]
-        out.append(
-            f"the step's collectives one after another, each as slow as its slowest rank: {step} "
-            "(link peak rates; overlap with compute not counted)"
-        )
-    return "\n".join(out)
-
-
-def _table(rows: Sequence[Tuple[str, ...]]) -> List[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
-    return [line(rows[0]), line(tuple("-" * w for w in widths)), *(line(r) for r in rows[1:])]
-
-
-def link_rates(device_type: str, link_gbps: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
-    """``(within a host, across hosts)`` in Gb/s: ``link_gbps`` for both when given; else on CUDA the named
-    defaults (:data:`NVLINK_H200_GBPS`, :data:`IB_400_GBPS`); else ``(None, None)`` (no time for CPU jobs)."""
-    if link_gbps is not None:
-        return link_gbps, link_gbps
-    if device_type == "cuda":
-        return NVLINK_H200_GBPS, IB_400_GBPS
-    return None, None
 
 
 def model_traffic(
@@ -692,9 +584,3 @@ def model_traffic(
         local_world_size=local_world_size,
         batch_size=batch_size,
     )
-
-
-def traffic_report(traffic: StepTraffic, device_type: str, link_gbps: Optional[float] = None) -> str:
-    """:func:`format_traffic` at the rates of :func:`link_rates`: what ``python -m dlrm.plan`` prints and the
-    trainer logs at start-up."""
-    return format_traffic(traffic, *link_rates(device_type, link_gbps))

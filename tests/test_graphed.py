@@ -3,7 +3,9 @@
 On CPU the pipeline runs its capture path eagerly (``capture=False``): warm-up steps, the held input dist and its
 gather index, the dense Adagrad on the optimizer's state, the eager fallback for a partial batch, and the bag-size
 check; on two gloo ranks also the ids all-to-all with fixed splits (checked against TorchRec's input dist for every
-sharding type it takes) and the dense gradients' all-reduce. On a GPU host (``pytest -m gpu``) the same comparison
+sharding type it takes, on 2 ranks and on 2 hosts x 2; row_wise tables as whole bags with weights 0 and 1, whose
+premise, that weight-0 ids change no row or Adagrad state, is checked on FBGEMM's TBE) and the dense gradients'
+all-reduce. On a GPU host (``pytest -m gpu``) the same comparison
 runs with the CUDA graph captured and replayed, the several-rank path forced on a one-rank NCCL world too.
 
     .venv/bin/python -m pytest -q tests/test_graphed.py
@@ -218,6 +220,14 @@ def test_cuda_graph_with_ids_all_to_all_on_one_rank_trains_as_torchrec_pipeline_
     assert len(msgs) == 2, msgs
 
 
+@pytest.mark.gpu
+def test_cuda_graph_with_a_row_wise_table_on_one_rank_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """The several-rank path forced on a one-rank NCCL world with a row_wise table: its whole bags and 0/1
+    weights (all 1 on one rank) built and fed to the TBE inside the captured graph."""
+    (msgs,) = run_gloo(1, _nccl_compare, [(" ".join(ROW_WISE), "adagrad"), (" ".join(ROW_WISE), "rowwise_adagrad")])
+    assert len(msgs) == 2, msgs
+
+
 def _nccl_compare(
     rank: int, world: int, cases: List[Tuple[str, str]], steps: int = STEPS_RANKS, paths: Any = None
 ) -> List[str]:
@@ -274,19 +284,37 @@ STATIC_CASES = [
 
 def test_static_input_dist_equals_torchrec_input_dist_for_every_sharding_type_2_ranks() -> None:
     """2 gloo ranks, each its own ids: the ids all-to-all with fixed splits gives TorchRec's input-dist output bit
-    for bit (ids and bag sizes) on the batch it was made from and on three others, for every sharding type that
-    routes ids by feature; the types that route them by row (by value) are refused, naming the reason."""
+    for bit (ids and bag sizes; for row_wise the weight-1 ids of the whole bags and their count per bag) on the
+    batch it was made from and on three others, for every sharding type that routes ids by feature and for
+    row_wise; table_row_wise (bucketized within a host) is refused, naming the reason."""
     results = run_gloo(2, _static_input_dist, STATIC_CASES)
     for rank, res in enumerate(results):
         for label, _ in STATIC_CASES:
             got = res[label]
-            if label in ("row_wise", "table_row_wise"):
+            if label == "table_row_wise":
                 assert isinstance(got, str) and "sends each id to the rank holding its row" in got, got
                 continue
             assert got["checks"] == [(True, "")] * 4, (rank, label, got)
     # what each rank sends is what the others receive, and each rank's lookups get ids from both ranks
-    for label in ("mixed", "table_column_wise"):
+    for label in ("mixed", "table_column_wise", "row_wise"):
         assert sum(r[label]["sent"] for r in results) == sum(r[label]["received"] for r in results) > 0
+
+
+def _static_input_dist_two_hosts(rank: int, world: int, cases: List[Tuple[str, Tuple[str, ...]]]) -> Dict[str, Any]:
+    import os
+
+    os.environ.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank % 2))  # 2 hosts x 2 ranks
+    return _static_input_dist(rank, world, cases)
+
+
+def test_static_input_dist_equals_torchrec_input_dist_on_two_hosts_of_2_ranks() -> None:
+    """4 gloo ranks as 2 hosts x 2: the same for a plan of table_wise, column_wise and data_parallel tables and
+    for row_wise tables (whole bags to every rank); table_row_wise (bucketized within a host) is refused."""
+    cases = [STATIC_CASES[0], STATIC_CASES[2], STATIC_CASES[3]]
+    for rank, res in enumerate(run_gloo(4, _static_input_dist_two_hosts, cases)):
+        assert res["mixed"]["checks"] == [(True, "")] * 4, (rank, res["mixed"])
+        assert res["row_wise"]["checks"] == [(True, "")] * 4, (rank, res["row_wise"])
+        assert "sends each id to the rank holding its row" in res["table_row_wise"], res
 
 
 def _bag_sizes(rank: int, world: int) -> str:
@@ -320,7 +348,7 @@ def _bag_sizes(rank: int, world: int) -> str:
     "overrides,world,device,match",
     [
         ([], 1, "cpu", "replays a CUDA graph, but this run is on cpu"),
-        (["sharding=row_wise"], 2, "cuda", "row_wise tables send each id to the rank that holds its row"),
+        (["sharding=table_row_wise"], 2, "cuda", "table_row_wise tables send each id to the rank that holds its row"),
         (["perf.allreduce_dtype=bf16"], 2, "cuda", "dense gradients in fp32 .*perf.allreduce_dtype=bf16"),
         (["offload=uvm"], 1, "cuda", "not built for offload=uvm"),
     ],
@@ -345,7 +373,8 @@ def test_a_plan_with_row_split_tables_is_refused_on_several_ranks() -> None:
     with pytest.raises(ConfigError, match="table_row_wise tables send each id to the rank that holds its row"):
         check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "table_row_wise", "column_wise"])
     check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "column_wise"])
-    check_graphed(cfg, 1, torch.device("cuda"), ["row_wise"])  # one rank: nothing is sent
+    check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "row_wise"])  # row_wise: whole bags, fixed splits
+    check_graphed(cfg, 1, torch.device("cuda"), ["table_row_wise"])  # one rank: nothing is sent
     for world in (1, 16):  # the compiled dense step does not take data_parallel tables' weights
         with pytest.raises(ConfigError, match="that compile fails on data_parallel tables' weights"):
             check_graphed(cfg, world, torch.device("cuda"), ["table_wise", "data_parallel"])
@@ -483,3 +512,85 @@ def _nccl_eval_compare(rank: int, world: int) -> List[str]:
     store = tempfile.mkdtemp(prefix="nccl_")
     dist.init_process_group("nccl", init_method=f"file://{store}/store", rank=0, world_size=1)
     return _eval_compare(rank, world, "cuda", True, ("sharding=table_wise",), ids_all_to_all=True)
+
+
+# a row_wise table (whole bags to both ranks, out-of-range ids weighted 0) beside table_wise and column_wise ones
+ROW_WISE = (
+    "sharding=table_wise",
+    "+sharding.constraints.t_cat_0.sharding_types=[row_wise]",
+    "+sharding.constraints.t_cat_1.sharding_types=[column_wise]",
+    "sharding.min_partition=8",
+)
+STEPS_ROW_WISE = 11  # 2 warm-up, the rehearsal, 7 along the capture path, then a partial batch
+
+
+def test_capture_path_with_a_row_wise_table_on_two_ranks_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """2 gloo ranks, each its own ids, a row_wise table: the capture path run eagerly against
+    ``pipeline=sparse_dist`` over 10 full batches and a half one; losses, every table shard, dense parameters and
+    optimizer state equal bit for bit (the weight-0 ids change no row)."""
+    paths = {"eager": 3, "rehearsal": 1, "graph": 7}
+    results = run_gloo(2, _compare, "cpu", False, [(" ".join(ROW_WISE), "adagrad")], STEPS_ROW_WISE, None, paths)
+    # each rank's optimizer states: those of its table shards and the dense parameters
+    assert [m for msgs in results for m in msgs] == [
+        f"{' '.join(ROW_WISE)}/adagrad: {STEPS_ROW_WISE} losses, 47 tensors, {n} optimizer states" for n in (52, 59)
+    ]
+
+
+def _weight_zero_ids_change_nothing(device: str) -> None:
+    """A TBE fed a row_wise shard's whole bags (ids outside the shard as row 0 with weight 0, the others with
+    weight 1) pools, and updates every row and its Adagrad state, as on the in-range ids alone, bit for bit over
+    5 steps; row 0, looked up only with weight 0, stays as it was."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    dev = torch.device(device)
+    where = (
+        (EmbeddingLocation.DEVICE, ComputeDevice.CUDA)
+        if device == "cuda"
+        else (EmbeddingLocation.HOST, ComputeDevice.CPU)
+    )
+    for opt in (EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD):
+        tbes = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            tbes.append(
+                SplitTableBatchedEmbeddingBagsCodegen(
+                    [(50, 16, *where)], optimizer=opt, learning_rate=0.1, eps=1e-8, device=dev
+                )
+            )
+        weighted, plain = tbes
+        row0 = weighted.split_embedding_weights()[0][0].clone()
+        state0 = [s[0].clone() for s in weighted.split_optimizer_states()[0]]
+        for step in range(5):
+            g = torch.Generator().manual_seed(step)
+            ids = torch.randint(1, 100, (64, 4), generator=g)  # a 100-row table; this shard holds rows [0, 50)
+            grad = torch.randn(64, 16, generator=g).to(dev)
+            mine = ids < 50
+            out_w = weighted(
+                torch.where(mine, ids, 0).flatten().to(dev),
+                torch.arange(0, 257, 4, device=dev),
+                per_sample_weights=mine.flatten().float().to(dev),
+            )
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), mine.sum(1).cumsum(0)])
+            out_p = plain(ids[mine].to(dev), offsets.to(dev))
+            assert torch.equal(out_w, out_p), (opt, step)
+            out_w.backward(grad)
+            out_p.backward(grad)
+        assert torch.equal(weighted.split_embedding_weights()[0], plain.split_embedding_weights()[0]), opt
+        for a, b in zip(weighted.split_optimizer_states()[0], plain.split_optimizer_states()[0]):
+            assert torch.equal(a, b), opt
+        assert torch.equal(weighted.split_embedding_weights()[0][0], row0), opt
+        assert all(torch.equal(s[0], s0) for s, s0 in zip(weighted.split_optimizer_states()[0], state0)), opt
+
+
+def test_weight_zero_ids_leave_rows_and_adagrad_state_bit_for_bit_on_cpu() -> None:
+    _weight_zero_ids_change_nothing("cpu")
+
+
+@pytest.mark.gpu
+def test_weight_zero_ids_leave_rows_and_adagrad_state_bit_for_bit_on_cuda() -> None:
+    _weight_zero_ids_change_nothing("cuda")

@@ -327,6 +327,27 @@ def test_gpu_spin_keeps_the_stream_busy() -> None:
     assert a.elapsed_time(b) > 0.1  # ms
 
 
+def _row_block_worker(rank: int, world: int) -> Any:
+    import torch.distributed as dist
+    from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    rw = RwSparseFeaturesDist(dist.group.WORLD, 2, [10, 7], device=torch.device("cpu"))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["a", "b"], values=torch.tensor([2, 6, 3, 4]), lengths=torch.tensor([2, 0, 1, 1], dtype=torch.int32)
+    )
+    got = rw(kjt).wait().wait()
+    return compat.row_block_sizes(rw), got.values().tolist()
+
+
+def _check_row_blocks() -> None:
+    """Rows per rank ceil(rows / 2): ids 2, 6 of ``a`` (10 rows) and 3, 4 of ``b`` (7 rows) from both ranks go to
+    rank 0 as 2, 3, 3 and to rank 1 as 6 - 5 = 1 and 4 - 4 = 0."""
+    sizes, values = zip(*run_gloo(2, _row_block_worker))
+    assert sizes == ([5, 4], [5, 4])
+    assert values == ([2, 2, 3, 3], [1, 1, 0, 0])
+
+
 CHECKS = {
     "ShardedModule._create_input_dist": _check_input_dist,
     "ShardedModule._input_dists": _check_input_dist,
@@ -359,6 +380,7 @@ CHECKS = {
     "torch.utils._python_dispatch.TorchDispatchMode": _check_record_collectives,
     "c10d::_reduce_scatter_base_": _check_record_collectives,
     "c10d::_allgather_base_": _check_record_collectives,
+    "RwSparseFeaturesDist._feature_block_sizes_tensor": _check_row_blocks,
 }
 NEEDS_SHARDED = {
     _check_input_dist,

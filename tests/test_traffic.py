@@ -31,11 +31,11 @@ from dlrm.traffic import (
     ShardedTable,
     StepTraffic,
     dense_parameters,
-    format_traffic,
     job_traffic,
     step_traffic,
     tables_from_plan,
 )
+from dlrm.traffic_report import format_traffic
 
 BATCH = 8  # per rank
 SMALL = ["model.row_cap=64", "sharding.min_partition=4", f"data.batch_size={BATCH}"]
@@ -221,6 +221,21 @@ def test_table_row_wise_by_hand() -> None:
     a5, a1 = by[(5, "output dist fwd", "all_to_all")], by[(1, "output dist fwd", "all_to_all")]
     assert (a5.group_size, a5.send_bytes, a5.out_inter, a1.send_bytes, a1.recv_bytes) == (2, 1280, 640, 0, 640)
     assert by[(1, "output dist bwd", "all_to_all")].send_bytes == 640
+
+
+def test_graphed_step_sends_row_wise_bags_whole_to_every_rank() -> None:
+    """``pipeline=graphed`` on several ranks: a row_wise table's 10 x 2 ids of each rank go whole to each of the 4
+    ranks (160 bytes to each, 640 sent and received, exact); the table_wise table's ids are as in TorchRec's."""
+    rw = ShardedTable("ebc", "t1", "row_wise", 40, 4, 1, 2.0, tuple(Shard(r, 10 * r, 10, 0, 4) for r in range(4)))
+    tables = [_tw("t0", 1, 8, 3.0), rw]
+    kw = dict(world_size=4, local_world_size=2, batch_size=10, dense_params=1000)
+    tr = step_traffic(tables, whole_row_bags=True, **kw)  # type: ignore[arg-type]
+    by = {(m.rank, m.sharding_type, m.tensor): m for m in tr.messages if m.stage == "input dist"}
+    rv = by[(0, "row_wise", "values")]
+    assert (rv.send_bytes, rv.recv_bytes, rv.out_intra, rv.out_inter, rv.estimated) == (640, 640, 160, 320, False)
+    ref = step_traffic(tables, **kw)  # type: ignore[arg-type]
+    tw = [m for m in ref.messages if m.sharding_type == "table_wise"]
+    assert tw == [m for m in tr.messages if m.sharding_type == "table_wise"]
 
 
 def test_times_at_link_rates() -> None:
