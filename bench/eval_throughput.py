@@ -38,9 +38,9 @@ from bench import runner
 from bench.throughput import BASE, GRAPHED_ELEMENTWISE, SMOKE_BASE
 from dlrm.build import build_training
 from dlrm.config import compose, to_config
-from dlrm.dist import init_distributed
 from dlrm.graphed import GraphedTrainPipeline
 from dlrm.metrics import EvalAccumulator
+from dlrm.process_group import init_distributed
 
 
 def _pass(forward: Any, batches: List[Any], n: int, device: torch.device, metrics: bool = True) -> float:

@@ -211,7 +211,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     if not dist.is_initialized():
-        from dlrm.dist import init_distributed
+        from dlrm.process_group import init_distributed
 
         init_distributed("cpu" if args.smoke else "auto")
     device = (

@@ -74,10 +74,10 @@ from bench import runner, traces
 from dlrm import torchrec_compat as compat
 from dlrm.build import BuildHooks, build_training
 from dlrm.config import compose, to_config
-from dlrm.dist import DistInfo, init_distributed
 from dlrm.graphed import GraphedTrainPipeline
 from dlrm.metrics import MetricWindow
 from dlrm.model import DLRMTrain
+from dlrm.process_group import DistInfo, init_distributed
 
 # The MLPerf DLRM-v2 model at the stock baseline's size (tables capped at 4 M rows, row-wise Adagrad); lr is the
 # MLPerf value for global batch 65,536 (it only sets the magnitude of the updates).

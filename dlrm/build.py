@@ -17,13 +17,13 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm.config import Config
-from dlrm.dist import DistInfo
 from dlrm.errors import ConfigError
 from dlrm.graphed import check_graphed, use_capture_stream
 from dlrm.model import FEATURE_NAMES, DLRMTrain, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.perf import PerfSetup, apply_device_settings, apply_perf, check_perf_device, compile_dense, perf_line
 from dlrm.pipeline import build_pipeline
+from dlrm.process_group import DistInfo
 from dlrm.schedule import make_scheduler
 from dlrm.sharding import dense_optimizer, format_plan, fused_params_of, seed_tables, shard, sharding_types_of
 from dlrm.traffic import model_traffic
@@ -74,7 +74,7 @@ def build_training(
 
     Args:
         cfg: the whole config.
-        info: this process's rank, world size and device (:func:`dlrm.dist.init_distributed`).
+        info: this process's rank, world size and device (:func:`dlrm.process_group.init_distributed`).
         batch_size: samples per rank per step (the planner's batch size).
         skip_nonfinite: ``trainer.on_nonfinite=skip_batch``.
         hooks: pieces to swap (:class:`BuildHooks`); None: the trainer's own.

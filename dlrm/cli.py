@@ -29,8 +29,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from dlrm.config import CONF_DIR, compose, error_line, register_configs
-from dlrm.dist import env_int
 from dlrm.errors import InputError
+from dlrm.process_group import env_int
 from dlrm.rundir import LOCK_NAME, make_dir, probe
 
 RUN_NAME_ENV = "DLRM_RUN_NAME"
@@ -99,7 +99,7 @@ def run_dir_overrides(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
             a backslash (Hydra's override grammar cannot quote them); the message names the variable and the fix.
             ``RANK`` is not a whole number.
     """
-    rank = env_int(env, "RANK", "0")  # the rest of the launch variables: dlrm.dist.launch_env
+    rank = env_int(env, "RANK", "0")  # the rest of the launch variables: dlrm.process_group.launch_env
     out: List[str] = []
     if rank != 0 and not _has_override(argv, "hydra.output_subdir"):
         out.append("hydra.output_subdir=null")
@@ -158,9 +158,9 @@ register_configs()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     """Hand the composed config to :class:`dlrm.trainer.Trainer` (set up, train, close on every exit path)."""
-    from dlrm.dist import shutdown
     from dlrm.errors import InputError, UnsupportedVersionError
     from dlrm.loggers import log_error_to_file
+    from dlrm.process_group import shutdown
 
     try:
         from dlrm.trainer import Trainer

@@ -14,9 +14,9 @@ from typing import Any, Dict, Iterable
 import torch
 
 from dlrm import data as data_mod
-from dlrm.dist import DistInfo
 from dlrm.metrics import EvalAccumulator
 from dlrm.model import FEATURE_NAMES
+from dlrm.process_group import DistInfo
 
 log = logging.getLogger("dlrm.trainer")  # the trainer's evaluation: its lines keep the trainer's logger name
 

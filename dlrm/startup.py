@@ -27,13 +27,13 @@ import torch.distributed as dist
 from dlrm import data as data_mod
 from dlrm.checkpoint import checkpoint_root, choose_checkpoint, planning_inputs, saved_plan
 from dlrm.config import Config, per_rank_batch
-from dlrm.dist import DistInfo, init_distributed
 from dlrm.errors import ConfigError
 from dlrm.graphed import check_graphed
 from dlrm.metrics import EXACT_AUC_MAX_ROWS
 from dlrm.offload import check_can_train
 from dlrm.perf import check_perf_device
 from dlrm.pipeline import check_pipeline_device
+from dlrm.process_group import DistInfo, init_distributed
 from dlrm.rundir import DirLock, claim_run, make_dir
 
 log = logging.getLogger("dlrm.trainer")  # the trainer's start-up: its lines keep the trainer's logger name
@@ -53,7 +53,7 @@ def check_device_and_world(cfg: Config, info: DistInfo) -> None:
 
 
 def preflight(cfg: Config) -> DistInfo:
-    """Join the process group (:func:`dlrm.dist.init_distributed`) and run the device and world checks once
+    """Join the process group (:func:`dlrm.process_group.init_distributed`) and run the device and world checks once
     (:func:`check_device_and_world`), before the run directory is claimed or any data is read.
 
     Raises:

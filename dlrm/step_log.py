@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator
 
 import torch
 
-from dlrm.dist import DistInfo
+from dlrm.process_group import DistInfo
 
 log = logging.getLogger("dlrm.trainer")  # the trainer's step log: its lines keep the trainer's logger name
 

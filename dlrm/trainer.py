@@ -29,13 +29,13 @@ from dlrm.checkpoint import (
     TrainState,
 )
 from dlrm.config import Config, to_config
-from dlrm.dist import DistInfo
 from dlrm.evaluation import Scorer, eval_line, eval_record, final_line
 from dlrm.graphed import GraphedTrainPipeline
 from dlrm.loggers import MetricsLogger, setup_logging
 from dlrm.metrics import MetricWindow
 from dlrm.mlperf_log import MlperfLogger
 from dlrm.model import FEATURE_NAMES
+from dlrm.process_group import DistInfo
 from dlrm.profiling import StepProfiler
 from dlrm.rundir import DirLock, is_storage_fault, storage_error
 from dlrm.schedule import lr_at
@@ -499,7 +499,7 @@ class Trainer:
     def close(self) -> None:
         """Shut down in order, on every exit path: the profiler, the loader's background thread, the last async
         checkpoint write, the metric sinks, the ownership of the run directory (the process groups go last, in
-        ``dlrm.dist.shutdown``). A failed last async save (a full disk) is raised after the rest is closed."""
+        ``dlrm.process_group.shutdown``). A failed last async save (a full disk) is raised after the rest is closed."""
         if getattr(self, "profiler", None) is not None:
             self.profiler.close()  # an exception mid-run: stop profiling, drop the hooks
         if getattr(self, "_it", None) is not None:

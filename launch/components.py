@@ -112,7 +112,7 @@ def trainer(
     if max_retries < 0:
         raise ValueError(f"--max_retries={max_retries} must be >= 0")
     nproc = parse_nnodes(j)[2]
-    # local rank r trains on cuda:<r> (dlrm/dist.py): past gpu the job would fail on the cluster after
+    # local rank r trains on cuda:<r> (dlrm/process_group.py): past gpu the job would fail on the cluster after
     # scheduling; with h the named resource sets the GPUs, not gpu
     if h is None and 0 < gpu < nproc:
         raise ValueError(

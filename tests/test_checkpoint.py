@@ -195,8 +195,8 @@ def _build(plan_name: str, cfg):
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
     from torchrec.optim.keyed import CombinedOptimizer
 
-    from dlrm.dist import init_distributed
     from dlrm.model import build_model
+    from dlrm.process_group import init_distributed
     from dlrm.sharding import EmbeddingBagSharder, dense_optimizer, fuse_embedding_optimizer, topology
 
     info = init_distributed("cpu")
@@ -437,7 +437,7 @@ def test_a_saved_plan_is_reused_only_for_the_inputs_it_was_made_from(two_checkpo
 
     from dlrm.checkpoint import planning_inputs, read_checkpoint_meta, saved_plan
     from dlrm.config import Config
-    from dlrm.dist import DistInfo
+    from dlrm.process_group import DistInfo
 
     ck = str(two_checkpoints / "checkpoints" / "step_8")
     meta = read_checkpoint_meta(ck)
@@ -485,8 +485,8 @@ def test_resume_auto_skips_a_damaged_checkpoint(
 
     from dlrm.checkpoint import CheckpointError, choose_checkpoint
     from dlrm.config import CheckpointConfig
-    from dlrm.dist import DistInfo
     from dlrm.export import main as export_main
+    from dlrm.process_group import DistInfo
 
     root = _damaged_copy(two_checkpoints, tmp_path / "run", name, how)
     info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
@@ -726,7 +726,7 @@ def test_a_checkpoint_without_its_manifest_is_damaged(two_checkpoints: Path, tmp
     falls back to the previous checkpoint; ``resume=<it>`` is refused."""
     from dlrm.checkpoint import CheckpointError, choose_checkpoint, verify_checkpoint
     from dlrm.config import CheckpointConfig
-    from dlrm.dist import DistInfo
+    from dlrm.process_group import DistInfo
 
     root = tmp_path / "ck"
     for step in (4, 8):
@@ -749,8 +749,8 @@ def test_resuming_an_older_checkpoint_of_the_same_directory_is_refused(two_check
     another ``checkpoint.dir`` the same checkpoint resumes."""
     from dlrm.checkpoint import choose_checkpoint
     from dlrm.config import CheckpointConfig
-    from dlrm.dist import DistInfo
     from dlrm.errors import ConfigError
+    from dlrm.process_group import DistInfo
 
     root = two_checkpoints / "checkpoints"
     info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo")
@@ -958,7 +958,7 @@ def test_a_damaged_saved_plan_is_a_warning_and_a_new_plan(
     import logging
 
     from dlrm.checkpoint import planning_inputs, read_checkpoint_meta, saved_plan
-    from dlrm.dist import DistInfo
+    from dlrm.process_group import DistInfo
 
     ck = _copy_step(two_checkpoints / "checkpoints" / "step_8", tmp_path / "step_8")
     meta = read_checkpoint_meta(str(ck))

@@ -332,7 +332,7 @@ def test_overrides_that_do_not_compose_are_one_line_before_hydra_starts(argv, me
     ],
 )
 def test_launch_variables_that_cannot_be_right_are_refused(env: dict, message: str) -> None:
-    from dlrm.dist import launch_env
+    from dlrm.process_group import launch_env
 
     assert launch_env({}) == (0, 1, 0, 1)
     assert launch_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == (3, 4, 1, 2)

@@ -69,8 +69,8 @@ def _train(
 ) -> Tuple[List[float], Dict[str, torch.Tensor], Dict[str, Any]]:
     import torch.distributed as dist
 
-    from dlrm.dist import init_distributed
     from dlrm.graphed import GraphedTrainPipeline
+    from dlrm.process_group import init_distributed
     from dlrm.trainer import build_training
 
     info = init_distributed(cfg.device)
@@ -242,8 +242,8 @@ def _nccl_compare(
 def _static_input_dist(rank: int, world: int, cases: List[Tuple[str, Tuple[str, ...]]]) -> Dict[str, Any]:
     from torchrec.distributed.types import ShardedModule
 
-    from dlrm.dist import init_distributed
     from dlrm.errors import ConfigError
+    from dlrm.process_group import init_distributed
     from dlrm.static_input_dist import StaticInputDist
     from dlrm.trainer import build_training
 
@@ -320,9 +320,9 @@ def test_static_input_dist_equals_torchrec_input_dist_on_two_hosts_of_2_ranks() 
 def _bag_sizes(rank: int, world: int) -> str:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from dlrm.dist import init_distributed
     from dlrm.graphed import GraphedTrainPipeline
     from dlrm.model import BatchError
+    from dlrm.process_group import init_distributed
     from dlrm.trainer import build_training
 
     cfg = _cfg("table_wise", "adagrad", "base", "cpu")
@@ -435,9 +435,9 @@ def _eval_compare(
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from bench.runner import make_batches
-    from dlrm.dist import init_distributed
     from dlrm.graphed import GraphedTrainPipeline
     from dlrm.model import BatchError
+    from dlrm.process_group import init_distributed
     from dlrm.trainer import build_training
 
     torch.set_num_threads(1)

@@ -65,7 +65,7 @@ def _worker(rank: int, world: int, plans: List[List[str]]) -> List[Dict[str, Any
     import warnings
 
     from dlrm.config import compose, to_config
-    from dlrm.dist import init_distributed
+    from dlrm.process_group import init_distributed
     from dlrm.trainer import build_training
 
     torch.set_num_threads(1)

@@ -125,8 +125,8 @@ def _train_worker(rank: int, world: int) -> Dict[str, Any]:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from dlrm.config import compose, to_config
-    from dlrm.dist import init_distributed
     from dlrm.model import FEATURE_NAMES
+    from dlrm.process_group import init_distributed
     from dlrm.trainer import build_training
 
     torch.set_num_threads(1)

@@ -25,9 +25,9 @@ from torchrec.distributed.model_parallel import get_module
 from conftest import CUDA_SMALL_RUN, REPO, run_gloo
 from dlrm import torchrec_compat as compat
 from dlrm.config import compose, to_config
-from dlrm.dist import DistInfo
 from dlrm.errors import ConfigError
 from dlrm.model import FEATURE_NAMES, build_model
+from dlrm.process_group import DistInfo
 from dlrm.sharding import PlanError, fuse_embedding_optimizer, plan_model, save_plan, tables_of
 from dlrm.sharding.constraints import _state_bytes_per_row
 
@@ -508,7 +508,7 @@ def _full_tables(dmp) -> Dict[str, torch.Tensor]:
 
 
 def _train(overrides: List[str], batches: list, base: List[str] = TINY, hooks: Any = None) -> Dict[str, Any]:
-    from dlrm.dist import init_distributed
+    from dlrm.process_group import init_distributed
     from dlrm.trainer import build_training
 
     cfg = to_config(compose(base + overrides))
@@ -954,7 +954,7 @@ def _reduced_grads(info: Any, dtype: str, rank: int) -> Dict[str, Any]:
 def _allreduce_worker(rank: int, world: int, dtype: str) -> Dict[str, Any]:
     import torch.distributed as dist
 
-    from dlrm.dist import init_distributed
+    from dlrm.process_group import init_distributed
 
     info = init_distributed("cpu")
     out = _reduced_grads(info, dtype, rank)
@@ -991,7 +991,7 @@ def _bounds_worker(rank: int, world: int, mode: str) -> str:
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from dlrm.dist import init_distributed
+    from dlrm.process_group import init_distributed
     from dlrm.sharding import fused_params_of, shard
 
     info = init_distributed("cpu")

@@ -89,8 +89,8 @@ def _column_blocks(plan: Any, table: str, dim: int) -> List[Tuple[int, int]]:
 def _case(rank: int, world: int, cfg: Any) -> Dict[str, Any]:
     from torchrec.optim.keyed import CombinedOptimizer
 
-    from dlrm.dist import init_distributed
     from dlrm.model import FEATURE_NAMES, build_model
+    from dlrm.process_group import init_distributed
     from dlrm.sharding import dense_optimizer, shard
 
     info = init_distributed("cpu")

@@ -82,7 +82,7 @@ def _worker(rank: int, world: int, cases: List[Tuple[str, Any, bool]], local: Op
     if local:  # simulate world / local hosts
         os.environ.update(LOCAL_WORLD_SIZE=str(local), LOCAL_RANK=str(rank % local))
     from dlrm import torchrec_compat as compat
-    from dlrm.dist import init_distributed
+    from dlrm.process_group import init_distributed
     from dlrm.trainer import build_training
 
     info = init_distributed("cpu")

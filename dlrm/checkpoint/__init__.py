@@ -49,7 +49,7 @@ reads the buffers.
 Preemption: SIGTERM sets a flag; at the end of the current step every rank agrees on it (a 1-int all-reduce on
 its own gloo group when world > 1), saves synchronously, and the run exits with status 0. The next start with
 the same ``checkpoint.dir`` resumes. Under ``torchrun --max-restarts K`` (with
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see ``dlrm/dist.py``; torchx: ``launch/components.py:trainer
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see ``dlrm/process_group.py``; torchx: ``launch/components.py:trainer
 --max_restarts K``) a rank killed outright leads to a restart of all ranks, which resume from the newest complete
 checkpoint; a scheduler retry (torchx ``--max_retries``) relaunches the job, which resumes the same way.
 

@@ -32,7 +32,7 @@ from dlrm.checkpoint.writers import (
     save_failure,
 )
 from dlrm.config import CheckpointConfig
-from dlrm.dist import DistInfo
+from dlrm.process_group import DistInfo
 from dlrm.rundir import StorageError
 from dlrm.schedule import load_scheduler_state
 from dlrm.sharding import plan_fingerprint, plan_rows, save_plan

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 from dlrm.checkpoint.layout import META, PLAN
 from dlrm.checkpoint.reader import read_checkpoint_meta
 from dlrm.config import Config
-from dlrm.dist import DistInfo
+from dlrm.process_group import DistInfo
 
 log = logging.getLogger(__name__)
 

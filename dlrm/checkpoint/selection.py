@@ -14,8 +14,8 @@ from dlrm.checkpoint.layout import STEP_RE, TMP_RE, list_checkpoints, resolve_ch
 from dlrm.checkpoint.manifest import verify_checkpoint
 from dlrm.checkpoint.reader import CheckpointError
 from dlrm.config import CheckpointConfig
-from dlrm.dist import DistInfo
 from dlrm.errors import ConfigError
+from dlrm.process_group import DistInfo
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, PlannerErro
 from torchrec.distributed.types import ShardingPlan, ShardingType
 
 from dlrm.config import OptimizerConfig, ShardingConfig
-from dlrm.dist import DistInfo
+from dlrm.process_group import DistInfo
 from dlrm.sharding.constraints import _check_fits, _state_bytes_per_row, _too_big, build_constraints, topology
 from dlrm.sharding.optimizer import fuse_embedding_optimizer
 from dlrm.sharding.plan_json import load_plan
