@@ -60,13 +60,9 @@ def _pass(forward: Any, batches: List[Any], n: int, device: torch.device, metric
     return float(took.item())
 
 
-def _modes(
-    args: argparse.Namespace, batch: int, cfg: Any, built: Any, device: torch.device, seed: int
-) -> Dict[str, Any]:
-    """Time eager and graphed evaluation at ``batch`` rows per rank, with and without the accumulator: one fresh
-    graphed pipeline over the trained model, so that its evaluation forward is captured for this batch size."""
-    pool = runner.make_batches(cfg.model, batch, 8, device, False, seed=seed, ids=args.ids)
-    pipe = GraphedTrainPipeline(
+def _graphed(args: argparse.Namespace, built: Any, device: torch.device) -> GraphedTrainPipeline:
+    """A graphed pipeline over ``built``'s model (captured on CUDA; the capture path run eagerly with --smoke)."""
+    return GraphedTrainPipeline(
         built.model,
         built.optimizer,
         built.dense,
@@ -74,6 +70,15 @@ def _modes(
         capture=not args.smoke,
         ids_all_to_all=True if args.ids_all_to_all else None,
     )
+
+
+def _modes(
+    args: argparse.Namespace, batch: int, cfg: Any, built: Any, device: torch.device, seed: int
+) -> Dict[str, Any]:
+    """Time eager and graphed evaluation at ``batch`` rows per rank, with and without the accumulator: one fresh
+    graphed pipeline over the trained model, so that its evaluation forward is captured for this batch size."""
+    pool = runner.make_batches(cfg.model, batch, 8, device, False, seed=seed, ids=args.ids)
+    pipe = _graphed(args, built, device)
     model = pipe.detach()
     model.eval()
 
@@ -128,14 +133,7 @@ def main(argv: Any = None) -> Dict[str, Any]:
     cfg = to_config(compose(overrides + ["data.batch_size=4096" if not args.smoke else "data.batch_size=32"]))
     torch.manual_seed(0)
     built = build_training(cfg, info, cfg.data.batch_size)
-    pipe = GraphedTrainPipeline(
-        built.model,
-        built.optimizer,
-        built.dense,
-        device,
-        capture=not args.smoke,
-        ids_all_to_all=True if args.ids_all_to_all else None,
-    )
+    pipe = _graphed(args, built, device)
     seed = 1000 + dist.get_rank()
     train = iter(runner.make_batches(cfg.model, cfg.data.batch_size, args.train_steps, device, False, seed=seed))
     for _ in range(args.train_steps):
