@@ -32,7 +32,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.data import multihot as mh_mod
+import dlrm.data.multihot as mh_mod
 from dlrm.data.binary_format import (
     META,
     NUM_DENSE,
