@@ -54,16 +54,16 @@ the host, so the graph gains less than for the step: 9.6-9.8 M samples/s against
 
 The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses, tables, dense
 parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks, with a schedule too).
-Row_wise tables on several ranks: TorchRec's input dist sends each id to the rank holding its row, so how many ids
-each rank receives changes every batch. The graph sends every rank the whole bags of each row_wise feature instead
-(fixed sizes again); each rank looks up the ids in its rows (less its first row) with weight 1 and the others as
-row 0 with weight 0, so the TBE pools and updates as it would on TorchRec's ids (``per_sample_weights``; a weight-0
-id adds an exact 0 to the forward and a 0 gradient that leaves the row and its Adagrad state bit for bit,
-``tests/test_graphed.py``). The output dist (the partial sums' reduce-scatter) stays TorchRec's.
-What a replay cannot follow is refused (:func:`check_graphed`): offload, a CPU device, and on several ranks input
-dists that route ids by value within a host in a staggered rank order (table_row_wise, grid_shard) and a
-reduced-precision dense all-reduce. The
-capture needs the process's current CUDA stream to be a stream of its own, set before the model is built
+Row_wise and table_row_wise tables on several ranks: TorchRec's input dist sends each id to the rank holding its
+row, so how many ids each rank receives changes every batch. The graph sends the whole bags of each such feature
+instead (fixed sizes again), row_wise ones to every rank, table_row_wise ones to every rank of the table's host;
+each rank looks up the ids in its rows (less its first row) with weight 1 and the others as row 0 with weight 0, so
+the TBE pools and updates as it would on TorchRec's ids (``per_sample_weights``; a weight-0 id adds an exact 0 to
+the forward and a 0 gradient that leaves the row and its Adagrad state bit for bit, ``tests/test_graphed.py``). The
+output dists (the partial sums' reduce-scatters, and table_row_wise's all-to-all across hosts) stay TorchRec's.
+What a replay cannot follow is refused (:func:`check_graphed`): offload, a CPU device, and on several ranks grid_shard
+tables (each column shard split by rows within a host, not sent as whole bags) and a reduced-precision dense
+all-reduce. The capture needs the process's current CUDA stream to be a stream of its own, set before the model is built
 (:func:`use_capture_stream`): autograd binds each parameter's gradient accumulation to the stream current when
 DDP first registers it, and the legacy default stream cannot take part in a capture.
 
@@ -87,7 +87,7 @@ from dlrm.config import Config
 from dlrm.errors import ConfigError
 from dlrm.held_batch import HeldBatch
 from dlrm.model import BatchError
-from dlrm.static_input_dist import VALUE_ROUTED
+from dlrm.static_input_dist import NOT_SENT
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +118,10 @@ def check_graphed(
     Raises:
         ConfigError: not CUDA; ``offload`` other than ``none``; data_parallel tables (the compiled dense
             Adagrad step does not take their weights); on several ranks, a plan (or
-            ``sharding.sharding_types``) with table_row_wise or grid_shard tables, whose input dist sends each id
-            to the rank holding its row within a host (the all-to-all's sizes change every batch; row_wise tables
-            are taken: :mod:`dlrm.static_input_dist` sends them whole bags), or ``perf.allreduce_dtype`` other
-            than fp32 (the graph all-reduces the dense gradients in fp32).
+            ``sharding.sharding_types``) with grid_shard tables, whose input dist sends each id to the rank
+            holding its row within a host (the all-to-all's sizes change every batch; row_wise and table_row_wise
+            tables are taken: :mod:`dlrm.static_input_dist` sends them whole bags), or ``perf.allreduce_dtype``
+            other than fp32 (the graph all-reduces the dense gradients in fp32).
     """
     if cfg.pipeline.name != "graphed":
         return
@@ -141,15 +141,15 @@ def check_graphed(
     if world_size == 1:
         return
     types = sharding_types
-    if types is None and cfg.sharding.sharding_types and set(cfg.sharding.sharding_types) <= set(VALUE_ROUTED):
+    if types is None and cfg.sharding.sharding_types and set(cfg.sharding.sharding_types) <= set(NOT_SENT):
         types = list(cfg.sharding.sharding_types)
-    routed = sorted(set(types or ()) & set(VALUE_ROUTED))
-    if routed:
+    refused = sorted(set(types or ()) & set(NOT_SENT))
+    if refused:
         raise ConfigError(
-            f"{key} sends the ids with fixed splits on several ranks, but {'/'.join(routed)} tables send each id "
-            "to the rank that holds its row, so the all-to-all's sizes change with every batch; use "
-            "sharding=table_wise, column_wise or row_wise (or per-table sharding.constraints), or "
-            "pipeline=sparse_dist"
+            f"{key} sends the ids with fixed splits on several ranks (row_wise and table_row_wise tables as whole "
+            f"bags), but {'/'.join(refused)} tables send each id to the rank that holds its row, so the "
+            "all-to-all's sizes change with every batch; use sharding=table_wise, column_wise, row_wise or "
+            "table_row_wise (or per-table sharding.constraints), or pipeline=sparse_dist"
         )
     if cfg.perf.allreduce_dtype != "fp32":
         raise ConfigError(
