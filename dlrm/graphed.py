@@ -39,8 +39,9 @@ the graph sends only the ids, with fixed split sizes (``torch.distributed.all_to
 checked against TorchRec's input dist on the first ``VERIFY_BATCHES`` full batches (:mod:`dlrm.held_batch` holds
 the input buffers and does the check). The captured step then holds the ids all-to-all, the TBE forward, the
 output-dist all-to-all, the dense forward and backward, the backward all-to-all, the TBE backward with its fused
-optimizer, the dense gradients' all-reduce (one flat fp32 buffer, scaled by the world size as DDP scales it) and the
-dense Adagrad step. The host copies the next batch into the input buffers and replays.
+optimizer, the dense gradients' all-reduce (one flat fp32 buffer, scaled by the world size as DDP scales it, the
+gradients in the order DDP's rebuilt bucket holds them) and the dense Adagrad step. The host copies the next batch
+into the input buffers and replays.
 
 Evaluation (:meth:`GraphedTrainPipeline.evaluate`): the same for the forward. Evaluation batches are padded to
 one size (:func:`dlrm.data.eval_batches`), so after one eager batch (``EVAL_WARMUP_BATCHES``) the next becomes
@@ -73,6 +74,7 @@ whose bag sizes differ from the captured ones stops the run with :class:`dlrm.mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -283,6 +285,7 @@ class GraphedTrainPipeline:
         self._eval_out: Tuple[torch.Tensor, ...] = ()
         self._eval_batches = 0
         self._reduce: Optional[Tuple[dist.ProcessGroup, int, bool]] = None  # (group, world, divide)
+        self._ready: Optional[Dict[int, int]] = None  # id of a dense parameter -> when its gradient was ready
         if self._ids_all_to_all:
             ddp = next((m for m in model.modules() if isinstance(m, DistributedDataParallel)), None)
             group = ddp.process_group if ddp is not None else dist.group.WORLD
@@ -439,9 +442,32 @@ class GraphedTrainPipeline:
     def _eager_step(self, batch: Batch) -> Tuple[torch.Tensor, ...]:
         self._optimizer.zero_grad()
         loss, out = self._model(batch)
-        loss.backward()
+        if self._reduce is not None and self._ready is None:
+            with self._record_ready_order():
+                loss.backward()
+        else:
+            loss.backward()
         self._optimizer.step()
         return out
+
+    @contextlib.contextmanager
+    def _record_ready_order(self) -> Iterator[None]:
+        """Record in :attr:`_ready` the order in which the dense gradients become ready in the backward inside
+        the block: after its first backward DDP rebuilds its buckets in that order, and the graph's flat
+        all-reduce buffer takes it too (:meth:`_reduce_dense_grads`)."""
+        ready: Dict[int, int] = {}
+
+        def note(p: torch.Tensor) -> None:
+            ready.setdefault(id(p), len(ready))
+
+        ps = [p for g in self._dense.param_groups for p in g["params"] if p.requires_grad]
+        handles = [p.register_post_accumulate_grad_hook(note) for p in ps]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+        self._ready = ready
 
     def _graph_step(self) -> Tuple[torch.Tensor, ...]:
         """(The ids all-to-all,) forward from the held input dist, backward, (the dense gradients' all-reduce,)
@@ -462,10 +488,15 @@ class GraphedTrainPipeline:
     def _reduce_dense_grads(self) -> None:
         """What DDP does to the dense gradients, on one flat buffer per dtype: scale by the world size (divide
         with a dividing comm hook, else multiply by the reciprocal, as DDP's reducer does), sum all-reduce; the
-        gradients become views of the reduced buffer."""
+        gradients become views of the reduced buffer. The buffer holds the gradients in the order they became
+        ready in the first eager backward, the order of DDP's rebuilt bucket: an all-reduce over more than 2 ranks
+        sums each element in an order set by its offset in the buffer (gloo's ring reduces chunk by chunk), so
+        only that layout sums as DDP's one bucket does, bit for bit."""
         assert self._reduce is not None
         group, world, divide = self._reduce
         ps = [p for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
+        ready = self._ready or {}
+        ps = sorted(ps, key=lambda p: ready.get(id(p), len(ready)))  # stable: any not recorded last, in order
         for dtype in dict.fromkeys(p.grad.dtype for p in ps):
             same = [p for p in ps if p.grad.dtype == dtype]
             flat = torch.empty(sum(p.numel() for p in same), dtype=dtype, device=same[0].grad.device)

@@ -2,11 +2,12 @@
 
 On CPU the pipeline runs its capture path eagerly (``capture=False``): warm-up steps, the held input dist and its
 gather index, the dense Adagrad on the optimizer's state, the eager fallback for a partial batch, and the bag-size
-check; on two gloo ranks also the ids all-to-all with fixed splits (checked against TorchRec's input dist for every
-sharding type it takes, on 2 ranks and on 2 hosts x 2; row_wise tables as whole bags with weights 0 and 1, whose
-premise, that weight-0 ids change no row or Adagrad state, is checked on FBGEMM's TBE) and the dense gradients'
-all-reduce. On a GPU host (``pytest -m gpu``) the same comparison
-runs with the CUDA graph captured and replayed, the several-rank path forced on a one-rank NCCL world too.
+check; on two gloo ranks, and on four as 2 hosts x 2, also the ids all-to-all with fixed splits (checked against
+TorchRec's input dist for every sharding type it takes; row_wise and table_row_wise tables as whole bags with
+weights 0 and 1, whose premise, that weight-0 ids change no row or Adagrad state, is checked on FBGEMM's TBE) and
+the dense gradients' all-reduce (in DDP's bucket order, which four ranks need to sum bit for bit). On a GPU host
+(``pytest -m gpu``) the same comparison runs with the CUDA graph captured and replayed, the several-rank path forced
+on a one-rank NCCL world too.
 
     .venv/bin/python -m pytest -q tests/test_graphed.py
 """
@@ -548,6 +549,23 @@ def test_capture_path_with_a_row_wise_table_on_two_ranks_trains_as_torchrec_pipe
     assert [m for msgs in results for m in msgs] == [
         f"{' '.join(ROW_WISE)}/adagrad: {STEPS_ROW_WISE} losses, 47 tensors, {n} optimizer states" for n in (52, 59)
     ]
+
+
+def _compare_two_hosts(rank: int, world: int, *args: Any) -> List[str]:
+    import os
+
+    os.environ.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank % 2))  # 2 hosts x 2 ranks
+    return _compare(rank, world, *args)
+
+
+def test_capture_path_with_table_row_wise_tables_on_two_hosts_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """4 gloo ranks as 2 hosts x 2, each its own ids, table_row_wise tables on both hosts beside a table_wise and a
+    row_wise table: the capture path run eagerly against ``pipeline=sparse_dist`` over 10 full batches and a half
+    one; losses, every table shard, dense parameters and optimizer state equal bit for bit."""
+    paths = {"eager": 3, "rehearsal": 1, "graph": 7}
+    case = [(" ".join(TWRW_MIXED), "adagrad")]
+    results = run_gloo(4, _compare_two_hosts, "cpu", False, case, STEPS_ROW_WISE, None, paths)
+    assert [m.split(": ")[1].split(",")[0] for msgs in results for m in msgs] == [f"{STEPS_ROW_WISE} losses"] * 4
 
 
 def _weight_zero_ids_change_nothing(device: str) -> None:
