@@ -7,7 +7,8 @@ It is arithmetic on measured figures, not a measurement:
   ``bench.throughput``, docs/performance.md), linearly interpolated between the measured batch sizes, or
   ``--step-ms`` (your own figure). The kind of step (:func:`step_kind`): eager; ``pipeline=graphed`` on one rank;
   or, on several ranks, the several-rank graph (ids all-to-all with fixed splits and the dense all-reduce inside
-  it), measured forced on one H200, plus the TBE lookups of row_wise tables' whole bags (:func:`whole_bag_tbe_ms`).
+  it), measured forced on one H200, plus the TBE lookups of row_wise and table_row_wise tables' whole bags
+  (:func:`whole_bag_tbe_ms`).
   With real Criteo data (``data=criteo_binary`` or ``criteo_tsv``) the figure
   measured on skewed ids (``--ids criteo``, :data:`SKEWED_STEP_MS`) where there is one, else the uniform ids' (the
   TBE's worst case);
@@ -129,13 +130,23 @@ def step_ms(sparse_type: str, kind: str, per_gpu_batch: int, skewed: bool = Fals
 TBE_MS: Dict[int, float] = {8192: 0.228 + 0.878, 32768: 0.847 + 3.016}
 
 
-def whole_bag_tbe_ms(per_gpu_batch: int, world_size: int, row_wise_ids: float, all_ids: float) -> float:
-    """The TBE time the several-rank graph adds for row_wise tables: it looks up their whole bags of every rank on
-    every rank (weight 0 outside the rank's rows), ``world_size - 1`` times their ids more than TorchRec's row
-    routing, taken as that share of :data:`TBE_MS` (linear in the ids; the batch's figure interpolated, scaled
-    by the batch outside the measured ones). ``row_wise_ids`` / ``all_ids``: ids per sample of the row_wise
-    tables / of every table. Milliseconds."""
-    if world_size <= 1 or row_wise_ids <= 0 or all_ids <= 0:
+def whole_bag_tbe_ms(
+    per_gpu_batch: int,
+    world_size: int,
+    row_wise_ids: float,
+    all_ids: float,
+    table_row_wise_ids: float = 0.0,
+    local_world_size: int = 1,
+) -> float:
+    """The TBE time the several-rank graph adds for tables split by rows: it looks up row_wise tables' whole bags
+    of every rank on every rank (weight 0 outside the rank's rows), ``world_size - 1`` times their ids more than
+    TorchRec's row routing, and table_row_wise tables' on every rank of the table's host, ``local_world_size - 1``
+    times their ids more (per rank on average), taken as that share of :data:`TBE_MS` (linear in the ids; the
+    batch's figure interpolated, scaled by the batch outside the measured ones). ``row_wise_ids`` /
+    ``table_row_wise_ids`` / ``all_ids``: ids per sample of the row_wise tables / the table_row_wise tables / every
+    table. Milliseconds."""
+    more = (world_size - 1) * row_wise_ids + (local_world_size - 1) * table_row_wise_ids
+    if world_size <= 1 or more <= 0 or all_ids <= 0:
         return 0.0
     lo, hi = min(TBE_MS), max(TBE_MS)
     if per_gpu_batch < lo or per_gpu_batch > hi:
@@ -143,7 +154,7 @@ def whole_bag_tbe_ms(per_gpu_batch: int, world_size: int, row_wise_ids: float, a
         tbe = TBE_MS[edge] * per_gpu_batch / edge
     else:
         tbe = _interpolate(TBE_MS, per_gpu_batch)
-    return tbe * (world_size - 1) * row_wise_ids / all_ids
+    return tbe * more / all_ids
 
 
 def step_source(kind: str, skewed: bool) -> str:

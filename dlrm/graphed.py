@@ -39,8 +39,9 @@ the graph sends only the ids, with fixed split sizes (``torch.distributed.all_to
 checked against TorchRec's input dist on the first ``VERIFY_BATCHES`` full batches (:mod:`dlrm.held_batch` holds
 the input buffers and does the check). The captured step then holds the ids all-to-all, the TBE forward, the
 output-dist all-to-all, the dense forward and backward, the backward all-to-all, the TBE backward with its fused
-optimizer, the dense gradients' all-reduce (one flat fp32 buffer, scaled by the world size as DDP scales it) and the
-dense Adagrad step. The host copies the next batch into the input buffers and replays.
+optimizer, the dense gradients' all-reduce (one flat fp32 buffer, scaled by the world size as DDP scales it, the
+gradients in the order DDP's rebuilt bucket holds them) and the dense Adagrad step. The host copies the next batch
+into the input buffers and replays.
 
 Evaluation (:meth:`GraphedTrainPipeline.evaluate`): the same for the forward. Evaluation batches are padded to
 one size (:func:`dlrm.data.eval_batches`), so after one eager batch (``EVAL_WARMUP_BATCHES``) the next becomes
@@ -54,16 +55,16 @@ the host, so the graph gains less than for the step: 9.6-9.8 M samples/s against
 
 The values are those of the eager pipelines bit for bit (``tests/test_graphed.py``: losses, tables, dense
 parameters and optimizer state against ``pipeline=sparse_dist``, on one and two ranks, with a schedule too).
-Row_wise tables on several ranks: TorchRec's input dist sends each id to the rank holding its row, so how many ids
-each rank receives changes every batch. The graph sends every rank the whole bags of each row_wise feature instead
-(fixed sizes again); each rank looks up the ids in its rows (less its first row) with weight 1 and the others as
-row 0 with weight 0, so the TBE pools and updates as it would on TorchRec's ids (``per_sample_weights``; a weight-0
-id adds an exact 0 to the forward and a 0 gradient that leaves the row and its Adagrad state bit for bit,
-``tests/test_graphed.py``). The output dist (the partial sums' reduce-scatter) stays TorchRec's.
-What a replay cannot follow is refused (:func:`check_graphed`): offload, a CPU device, and on several ranks input
-dists that route ids by value within a host in a staggered rank order (table_row_wise, grid_shard) and a
-reduced-precision dense all-reduce. The
-capture needs the process's current CUDA stream to be a stream of its own, set before the model is built
+Row_wise and table_row_wise tables on several ranks: TorchRec's input dist sends each id to the rank holding its
+row, so how many ids each rank receives changes every batch. The graph sends the whole bags of each such feature
+instead (fixed sizes again), row_wise ones to every rank, table_row_wise ones to every rank of the table's host;
+each rank looks up the ids in its rows (less its first row) with weight 1 and the others as row 0 with weight 0, so
+the TBE pools and updates as it would on TorchRec's ids (``per_sample_weights``; a weight-0 id adds an exact 0 to
+the forward and a 0 gradient that leaves the row and its Adagrad state bit for bit, ``tests/test_graphed.py``). The
+output dists (the partial sums' reduce-scatters, and table_row_wise's all-to-all across hosts) stay TorchRec's.
+What a replay cannot follow is refused (:func:`check_graphed`): offload, a CPU device, and on several ranks grid_shard
+tables (each column shard split by rows within a host, not sent as whole bags) and a reduced-precision dense
+all-reduce. The capture needs the process's current CUDA stream to be a stream of its own, set before the model is built
 (:func:`use_capture_stream`): autograd binds each parameter's gradient accumulation to the stream current when
 DDP first registers it, and the legacy default stream cannot take part in a capture.
 
@@ -73,6 +74,7 @@ whose bag sizes differ from the captured ones stops the run with :class:`dlrm.mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -87,7 +89,7 @@ from dlrm.config import Config
 from dlrm.errors import ConfigError
 from dlrm.held_batch import HeldBatch
 from dlrm.model import BatchError
-from dlrm.static_input_dist import VALUE_ROUTED
+from dlrm.static_input_dist import NOT_SENT
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +120,10 @@ def check_graphed(
     Raises:
         ConfigError: not CUDA; ``offload`` other than ``none``; data_parallel tables (the compiled dense
             Adagrad step does not take their weights); on several ranks, a plan (or
-            ``sharding.sharding_types``) with table_row_wise or grid_shard tables, whose input dist sends each id
-            to the rank holding its row within a host (the all-to-all's sizes change every batch; row_wise tables
-            are taken: :mod:`dlrm.static_input_dist` sends them whole bags), or ``perf.allreduce_dtype`` other
-            than fp32 (the graph all-reduces the dense gradients in fp32).
+            ``sharding.sharding_types``) with grid_shard tables, whose input dist sends each id to the rank
+            holding its row within a host (the all-to-all's sizes change every batch; row_wise and table_row_wise
+            tables are taken: :mod:`dlrm.static_input_dist` sends them whole bags), or ``perf.allreduce_dtype``
+            other than fp32 (the graph all-reduces the dense gradients in fp32).
     """
     if cfg.pipeline.name != "graphed":
         return
@@ -141,15 +143,15 @@ def check_graphed(
     if world_size == 1:
         return
     types = sharding_types
-    if types is None and cfg.sharding.sharding_types and set(cfg.sharding.sharding_types) <= set(VALUE_ROUTED):
+    if types is None and cfg.sharding.sharding_types and set(cfg.sharding.sharding_types) <= set(NOT_SENT):
         types = list(cfg.sharding.sharding_types)
-    routed = sorted(set(types or ()) & set(VALUE_ROUTED))
-    if routed:
+    refused = sorted(set(types or ()) & set(NOT_SENT))
+    if refused:
         raise ConfigError(
-            f"{key} sends the ids with fixed splits on several ranks, but {'/'.join(routed)} tables send each id "
-            "to the rank that holds its row, so the all-to-all's sizes change with every batch; use "
-            "sharding=table_wise, column_wise or row_wise (or per-table sharding.constraints), or "
-            "pipeline=sparse_dist"
+            f"{key} sends the ids with fixed splits on several ranks (row_wise and table_row_wise tables as whole "
+            f"bags), but {'/'.join(refused)} tables send each id to the rank that holds its row, so the "
+            "all-to-all's sizes change with every batch; use sharding=table_wise, column_wise, row_wise or "
+            "table_row_wise (or per-table sharding.constraints), or pipeline=sparse_dist"
         )
     if cfg.perf.allreduce_dtype != "fp32":
         raise ConfigError(
@@ -283,6 +285,7 @@ class GraphedTrainPipeline:
         self._eval_out: Tuple[torch.Tensor, ...] = ()
         self._eval_batches = 0
         self._reduce: Optional[Tuple[dist.ProcessGroup, int, bool]] = None  # (group, world, divide)
+        self._ready: Optional[Dict[int, int]] = None  # id of a dense parameter -> when its gradient was ready
         if self._ids_all_to_all:
             ddp = next((m for m in model.modules() if isinstance(m, DistributedDataParallel)), None)
             group = ddp.process_group if ddp is not None else dist.group.WORLD
@@ -439,9 +442,32 @@ class GraphedTrainPipeline:
     def _eager_step(self, batch: Batch) -> Tuple[torch.Tensor, ...]:
         self._optimizer.zero_grad()
         loss, out = self._model(batch)
-        loss.backward()
+        if self._reduce is not None and self._ready is None:
+            with self._record_ready_order():
+                loss.backward()
+        else:
+            loss.backward()
         self._optimizer.step()
         return out
+
+    @contextlib.contextmanager
+    def _record_ready_order(self) -> Iterator[None]:
+        """Record in :attr:`_ready` the order in which the dense gradients become ready in the backward inside
+        the block: after its first backward DDP rebuilds its buckets in that order, and the graph's flat
+        all-reduce buffer takes it too (:meth:`_reduce_dense_grads`)."""
+        ready: Dict[int, int] = {}
+
+        def note(p: torch.Tensor) -> None:
+            ready.setdefault(id(p), len(ready))
+
+        ps = [p for g in self._dense.param_groups for p in g["params"] if p.requires_grad]
+        handles = [p.register_post_accumulate_grad_hook(note) for p in ps]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+        self._ready = ready
 
     def _graph_step(self) -> Tuple[torch.Tensor, ...]:
         """(The ids all-to-all,) forward from the held input dist, backward, (the dense gradients' all-reduce,)
@@ -462,10 +488,15 @@ class GraphedTrainPipeline:
     def _reduce_dense_grads(self) -> None:
         """What DDP does to the dense gradients, on one flat buffer per dtype: scale by the world size (divide
         with a dividing comm hook, else multiply by the reciprocal, as DDP's reducer does), sum all-reduce; the
-        gradients become views of the reduced buffer."""
+        gradients become views of the reduced buffer. The buffer holds the gradients in the order they became
+        ready in the first eager backward, the order of DDP's rebuilt bucket: an all-reduce over more than 2 ranks
+        sums each element in an order set by its offset in the buffer (gloo's ring reduces chunk by chunk), so
+        only that layout sums as DDP's one bucket does, bit for bit."""
         assert self._reduce is not None
         group, world, divide = self._reduce
         ps = [p for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
+        ready = self._ready or {}
+        ps = sorted(ps, key=lambda p: ready.get(id(p), len(ready)))  # stable: any not recorded last, in order
         for dtype in dict.fromkeys(p.grad.dtype for p in ps):
             same = [p for p in ps if p.grad.dtype == dtype]
             flat = torch.empty(sum(p.numel() for p in same), dtype=dtype, device=same[0].grad.device)

@@ -51,7 +51,7 @@ from dlrm.graphed import check_graphed
 from dlrm.model import FEATURE_NAMES, build_model, table_configs
 from dlrm.offload import offload_constraints
 from dlrm.sharding import PlanInfo, format_plan, fuse_embedding_optimizer, plan_model, save_plan, sharding_types_of
-from dlrm.traffic import StepTraffic, model_traffic
+from dlrm.traffic import WHOLE_BAGS, StepTraffic, model_traffic
 from dlrm.traffic_report import link_rates, traffic_report
 from dlrm.writable import output_file_problem, report_unwritable
 
@@ -304,12 +304,20 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
         except ValueError as e:  # no measured figure for this optimizer or batch
             raise ConfigError(f"{ESTIMATE_FLAG}: {e}") from None
         source = est.step_source(kind, skewed)
-        if kind == est.GRAPHED_RANKS:  # row_wise tables: whole bags looked up on every rank
-            rw = sum(t.ids_per_sample for t in traffic.tables if t.sharding_type == "row_wise")
-            extra = est.whole_bag_tbe_ms(batch, pi.world_size, rw, sum(t.ids_per_sample for t in traffic.tables))
+        if kind == est.GRAPHED_RANKS:  # row-split tables: whole bags looked up on every rank (of the host)
+            ids = {s: sum(t.ids_per_sample for t in traffic.tables if t.sharding_type == s) for s in WHOLE_BAGS}
+            extra = est.whole_bag_tbe_ms(
+                batch,
+                pi.world_size,
+                ids["row_wise"],
+                sum(t.ids_per_sample for t in traffic.tables),
+                ids["table_row_wise"],
+                traffic.local_world_size,
+            )
             if extra:
                 compute += extra
-                source += f"; + {extra:.2f} ms of TBE for row_wise tables' whole bags, estimated"
+                what = " and ".join(s for s in WHOLE_BAGS if ids[s])
+                source += f"; + {extra:.2f} ms of TBE for {what} tables' whole bags, estimated"
     train, val, what = dataset_epoch(cfg, cfg.model.table_rows)
     e = est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms, train_samples=train, eval_samples=val)
     return est.format_estimate(e, source, dataset=what)

@@ -19,20 +19,29 @@ table on one rank) travels once. The result is checked against TorchRec's input 
 (:meth:`StaticInputDist.check`), as :class:`dlrm.graphed.GraphedTrainPipeline` does on its first full batches.
 
 Input dists that route ids by their value send each id to the rank that holds its row, so how many ids each rank
-receives changes with every batch. For row_wise tables the ids all-to-all sends every rank the whole bags of each
-row_wise feature instead (the same fixed sizes every batch; the probe carries id 0 for these features, and their
-positions come from every rank's lengths). The held output of that part is a KJT of those whole bags with
-per-id weights: an id in this rank's rows ``[r * size, (r + 1) * size)`` (``size``: TorchRec's rows per rank,
-:func:`dlrm.torchrec_compat.row_block_sizes`) becomes ``id - r * size`` with weight 1, any other id row 0 with
+receives changes with every batch. For tables split by rows the ids all-to-all sends whole bags instead (the same
+fixed sizes every batch, their positions from every rank's lengths): row_wise features' bags to every rank,
+table_row_wise features' bags to every rank of the host group that holds the table (rows split over the
+``LOCAL_WORLD_SIZE`` ranks of one host; the other hosts' ranks receive nothing of it). A receiving rank lays them
+out as TorchRec's input dist does: feature by feature (its part's order), then by source rank, then by sample.
+row_wise takes the sources in rank order; table_row_wise in the staggered order of TorchRec's all-to-all
+(``KJTAllToAll``'s ``stagger``: 0, 2, 1, 3 for 2 hosts x 2), which the probe reads off TorchRec's own input dist:
+its table_row_wise ids are spread over the row blocks of the host (id ``j`` of a feature to block
+``j % LOCAL_WORLD_SIZE``) with the source rank as per-sample weight, so every rank receives some from every source
+and sees which source each block of bags came from. The held output of such a part is a KJT of those whole bags
+with per-id weights: an id in this rank's rows ``[b * size, (b + 1) * size)`` (``b``: the rank's block, its rank
+for row_wise and its rank within the host for table_row_wise; ``size``: TorchRec's rows per block,
+:func:`dlrm.torchrec_compat.row_block_sizes`) becomes ``id - b * size`` with weight 1, any other id row 0 with
 weight 0 (``torch.where`` on fixed shapes, inside the graph). The TBE pools with these weights, so the pooled
 partial sums and the updated rows are those of TorchRec's ids; :meth:`StaticInputDist.check` compares the weight-1
-ids and their count per bag with TorchRec's input dist. table_row_wise and grid_shard bucketize within a host and
-receive in a staggered rank order; they are not sent this way (:data:`VALUE_ROUTED`), and
-:func:`dlrm.graphed.check_graphed` refuses them on several ranks.
+ids and their count per bag with TorchRec's input dist. grid_shard (each column shard of a table split by rows
+within a host) is not sent this way (:data:`NOT_SENT`), and :func:`dlrm.graphed.check_graphed` refuses it on
+several ranks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -41,20 +50,33 @@ from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.sharding.dp_sharding import DpSparseFeaturesDist
 from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.sharding.tw_sharding import TwSparseFeaturesDist
+from torchrec.distributed.sharding.twrw_sharding import TwRwSparseFeaturesDist
 from torchrec.distributed.types import ShardedModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm import torchrec_compat as compat
 from dlrm.errors import ConfigError
 
-# sharding types whose input dist sends each id to the rank holding its row within a host (bucketized by value),
-# in a staggered rank order; row_wise tables are sent as whole bags instead (module docstring)
-VALUE_ROUTED = ("table_row_wise", "grid_shard")
+# sharding types whose input dist the ids all-to-all does not send: grid_shard's column shards, each split by rows
+# within a host, are built on TwRwSparseFeaturesDist like table_row_wise but not laid out as whole bags here
+NOT_SENT = ("grid_shard",)
 # input dists that route ids by feature alone: table_wise, column_wise and table_column_wise build
 # TwSparseFeaturesDist (column shards are features of their own), data_parallel DpSparseFeaturesDist (no collective)
 _FEATURE_ROUTED = (TwSparseFeaturesDist, DpSparseFeaturesDist)
-_TAKEN = _FEATURE_ROUTED + (RwSparseFeaturesDist,)  # row_wise: whole bags to every rank, weighted 0 / 1
+# row_wise and table_row_wise (grid_shard too, told apart by its output dist): whole bags, weighted 0 / 1
+_ROW_SPLIT = (RwSparseFeaturesDist, TwRwSparseFeaturesDist)
 _SOURCE_BITS = 40  # sort key: source rank above bit 40, position below (positions < 2**40)
+
+
+@dataclasses.dataclass
+class _RowSplit:
+    """How one row-split input dist's part reaches this rank as whole bags: ``sources``, the source rank of each
+    block of bags of a feature in TorchRec's order; ``block``, this rank's row block (rows
+    ``[block * size, (block + 1) * size)``); ``sizes``, the rows per block of each feature of the part."""
+
+    sources: List[int]
+    block: int
+    sizes: List[int]
 
 
 class StaticInputDist:
@@ -70,52 +92,44 @@ class StaticInputDist:
     keys and lengths layout.
 
     Raises:
-        ConfigError: an input dist that routes ids by value within a host (table_row_wise, grid_shard), runs on
-            a sub-group of the ranks, or a KJT with weights.
+        ConfigError: an input dist it does not send (grid_shard), one that runs on a sub-group of the ranks, a KJT
+            with weights, or ids too many to code in the KJT's dtype.
+        RuntimeError: TorchRec's input dist laid the probe out otherwise than the batch (an upgrade changed it).
     """
 
     def __init__(self, module: ShardedModule, kjt: KeyedJaggedTensor, held: Sequence[KeyedJaggedTensor]) -> None:
         self.group = _input_dist_group(module)
-        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        if kjt.weights_or_none() is not None:
-            raise ConfigError(
-                "config key `pipeline.name`: pipeline=graphed sends ids without per-sample weights on several "
-                "ranks, but this KJT has weights; use pipeline=sparse_dist"
-            )
-        device, n = kjt.values().device, kjt.values().numel()
-        if n * world >= torch.iinfo(kjt.values().dtype).max:
-            raise ConfigError(
-                f"config key `data.batch_size`: pipeline=graphed codes each id's position in a KJT of "
-                f"{kjt.values().dtype}, and {n} ids per rank x {world} ranks do not fit; use int64 ids or "
-                "pipeline=sparse_dist"
-            )
+        world = dist.get_world_size(self.group)
+        _check_codable(kjt, world)
         dists = compat.input_dists(module)
         if len(dists) != len(held):
             raise RuntimeError(f"{len(dists)} input dists gave {len(held)} KJTs")
-        rows = [i for i, d in enumerate(dists) if isinstance(d, RwSparseFeaturesDist)]
-        row_keys = {k for i in rows for k in held[i].keys()}
-        # where each id of every rank goes: TorchRec's input dist of ids that are codes of their source (row_wise
-        # features' ids 0 in the probe: a code would be routed by its value, and their layout is built below)
-        codes = (torch.arange(n, device=device, dtype=torch.int64) * world + rank).to(kjt.values().dtype)
-        for k, start, count in zip(kjt.keys(), kjt.offset_per_key(), kjt.length_per_key()):
-            if k in row_keys:
-                codes[start : start + count] = 0
-        probe = KeyedJaggedTensor(keys=kjt.keys(), values=codes, lengths=kjt.lengths())
+        splits, spread = _row_splits(dists, held, kjt, self.group)
+        probe = _probe(kjt, {k for i in splits for k in held[i].keys()}, spread, dist.get_rank(self.group), world)
         routed = module.input_dist(module.create_context(), probe).wait().wait()
         if len(routed) != len(held):
             raise RuntimeError(f"input dist gave {len(routed)} KJTs for the probe, {len(held)} for the batch")
         got = [p.values().to(torch.int64) for p in routed]
-        self.held: List[KeyedJaggedTensor] = list(held)  # what the lookups read (row_wise parts: weighted KJTs)
+        self.held: List[KeyedJaggedTensor] = list(held)  # what the lookups read (row-split parts: weighted KJTs)
         self._rows: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # part -> (ids, low, high)
-        if rows:
+        if splits:
             every = [torch.empty_like(kjt.lengths()) for _ in range(world)]
             dist.all_gather(every, kjt.lengths().contiguous(), group=self.group)
-            for i in rows:
-                got[i], self.held[i], self._rows[i] = _whole_bags(kjt, held[i], dists[i], every, rank)
+            for i, split in splits.items():
+                if isinstance(dists[i], TwRwSparseFeaturesDist):
+                    split.sources = _source_order(routed[i], world)
+                got[i], self.held[i], self._rows[i] = _whole_bags(kjt, held[i], split, every)
         self.sizes = [g.numel() for g in got]
         for i, (h, s) in enumerate(zip(held, self.sizes)):
             if i not in self._rows and h.values().numel() != s:
                 raise RuntimeError(f"input dist sent {s} probe ids where the batch had {h.values().numel()}")
+        self._exchange_positions(got, kjt.values().numel(), kjt.values().device)
+
+    def _exchange_positions(self, got: List[torch.Tensor], n: int, device: torch.device) -> None:
+        """From the codes of every id this rank receives (``position * world + source``, per part), the send and
+        receive splits, which positions of its KJT each rank sends (:attr:`send_index`) and where each received
+        id goes (:attr:`out_index`). Collective: two all-to-alls."""
+        world = dist.get_world_size(self.group)
         # receive buffer: per source rank in rank order, the positions it sends in ascending order, each once
         src = torch.cat(got) if got else torch.zeros(0, dtype=torch.int64, device=device)
         key = (src % world) * (1 << _SOURCE_BITS) + src // world
@@ -140,8 +154,8 @@ class StaticInputDist:
 
     def run(self, values: torch.Tensor) -> None:
         """Send the ids of ``values`` (this rank's KJT values, in the held batch's layout: ``[n]`` int) and write
-        the ids this rank receives into the held input-dist output (:attr:`held`; row_wise parts: the ids in this
-        rank's rows less its first row with weight 1, the others row 0 with weight 0). The sizes are fixed:
+        the ids this rank receives into the held input-dist output (:attr:`held`; row-split parts: the ids in
+        this rank's rows less its first row with weight 1, the others row 0 with weight 0). The sizes are fixed:
         CUDA-graph safe."""
         send = values if self._identity_send else values.index_select(0, self.send_index)
         if len(self.held) == 1 and self._identity_out and not self._rows:  # received straight into the held ids
@@ -183,16 +197,114 @@ class StaticInputDist:
         return True, ""
 
 
+def _check_codable(kjt: KeyedJaggedTensor, world: int) -> None:
+    """Refuse a KJT whose ids the probe cannot code: one with weights, or too many ids for its dtype."""
+    if kjt.weights_or_none() is not None:
+        raise ConfigError(
+            "config key `pipeline.name`: pipeline=graphed sends ids without per-sample weights on several "
+            "ranks, but this KJT has weights; use pipeline=sparse_dist"
+        )
+    n = kjt.values().numel()
+    if n * world >= torch.iinfo(kjt.values().dtype).max:
+        raise ConfigError(
+            f"config key `data.batch_size`: pipeline=graphed codes each id's position in a KJT of "
+            f"{kjt.values().dtype}, and {n} ids per rank x {world} ranks do not fit; use int64 ids or "
+            "pipeline=sparse_dist"
+        )
+
+
+def _row_splits(
+    dists: Sequence[torch.nn.Module],
+    held: Sequence[KeyedJaggedTensor],
+    kjt: KeyedJaggedTensor,
+    group: dist.ProcessGroup,
+) -> Tuple[Dict[int, _RowSplit], Dict[str, Tuple[int, int]]]:
+    """The row-split parts of this rank's input-dist output (sources of table_row_wise parts: rank order until
+    the probe tells them, :func:`_source_order`), and for the probe every table_row_wise feature's
+    ``(ranks per host, rows per block)``. Collective (all-gather) when there are table_row_wise input dists.
+
+    A table_row_wise input dist's block sizes are those of its input features, every host's in host order, each
+    host's features in the order its ranks receive them; each rank's part names its host's features, so the
+    parts of the hosts' first ranks, gathered, name the block sizes."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    splits: Dict[int, _RowSplit] = {}
+    spread: Dict[str, Tuple[int, int]] = {}
+    twrw = [i for i, d in enumerate(dists) if isinstance(d, TwRwSparseFeaturesDist)]
+    for i, d in enumerate(dists):
+        if isinstance(d, RwSparseFeaturesDist):
+            splits[i] = _RowSplit(list(range(world)), rank, compat.row_block_sizes(d))
+    if not twrw:
+        return splits, spread
+    keys = list(kjt.keys())
+    mine = torch.full((len(twrw), len(keys)), -1, dtype=torch.int64)
+    for row, i in enumerate(twrw):
+        mine[row, : len(held[i].keys())] = torch.tensor([keys.index(k) for k in held[i].keys()], dtype=torch.int64)
+    mine = mine.to(kjt.values().device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    for row, i in enumerate(twrw):
+        host, sizes = compat.host_size(dists[i]), compat.row_block_sizes(dists[i])
+        names = [keys[j] for h in range(0, world, host) for j in every[h][row].tolist() if j >= 0]
+        if len(names) != len(sizes):
+            raise RuntimeError(f"{len(sizes)} table_row_wise block sizes for {len(names)} features over the hosts")
+        spread.update((k, (host, s)) for k, s in zip(names, sizes))
+        splits[i] = _RowSplit(list(range(world)), rank % host, [spread[k][1] for k in held[i].keys()])
+    return splits, spread
+
+
+def _probe(
+    kjt: KeyedJaggedTensor, row_keys: set, spread: Dict[str, Tuple[int, int]], rank: int, world: int
+) -> KeyedJaggedTensor:
+    """``kjt``'s keys and lengths with ids that say where they come from: ``position * world + rank`` for the
+    features routed by feature; 0 for row_wise ones (a code would be routed by its value; their layout comes from
+    the lengths); for table_row_wise ones id ``j`` of a feature in row block ``j % ranks per host`` (its first
+    row), and, with them, weights: this rank, for every id (:func:`_source_order`)."""
+    device, n = kjt.values().device, kjt.values().numel()
+    codes = (torch.arange(n, device=device, dtype=torch.int64) * world + rank).to(kjt.values().dtype)
+    for k, start, count in zip(kjt.keys(), kjt.offset_per_key(), kjt.length_per_key()):
+        if k in spread:
+            host, size = spread[k]
+            codes[start : start + count] = (torch.arange(count, device=device) % host * size).to(codes.dtype)
+        elif k in row_keys:
+            codes[start : start + count] = 0
+    weights = torch.full((n,), float(rank), device=device) if spread else None
+    return KeyedJaggedTensor(keys=kjt.keys(), values=codes, lengths=kjt.lengths(), weights=weights)
+
+
+def _source_order(part: KeyedJaggedTensor, world: int) -> List[int]:
+    """The source rank of each block of bags of a feature in a table_row_wise part of the probe's input-dist
+    output (TorchRec's staggered order), read off the weights :func:`_probe` gave the ids.
+
+    Raises:
+        RuntimeError: a block without ids from the probe, or one whose ids name several sources."""
+    if not part.keys():  # a rank of a host without table_row_wise tables receives nothing
+        return list(range(world))
+    per_block = part.lengths().view(len(part.keys()) * world, -1).sum(1)
+    block = torch.repeat_interleave(torch.arange(per_block.numel(), device=per_block.device) % world, per_block)
+    sources = part.weights().to(torch.int64)
+    order = []
+    for b in range(world):
+        got = torch.unique(sources[block == b])
+        if got.numel() != 1:
+            raise RuntimeError(
+                f"the probe's table_row_wise ids of block {b} came from {got.tolist()} (one source each expected: "
+                "fewer ids per feature than ranks per host?)"
+            )
+        order.append(int(got))
+    if sorted(order) != list(range(world)):
+        raise RuntimeError(f"table_row_wise bags came from sources {order}, not from every rank once")
+    return order
+
+
 def _whole_bags(
     kjt: KeyedJaggedTensor,
     part: KeyedJaggedTensor,
-    input_dist: torch.nn.Module,
+    split: _RowSplit,
     every_lengths: Sequence[torch.Tensor],
-    rank: int,
 ) -> Tuple[torch.Tensor, KeyedJaggedTensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The row_wise part of this rank's input-dist output as whole bags: every id of every sample of each of its
-    features (``part``'s keys) from every rank, in TorchRec's order (feature-major, then source rank, then
-    sample).
+    """A row-split part of this rank's input-dist output as whole bags: every id of every sample of each of its
+    features (``part``'s keys) from every source rank, in TorchRec's order (feature-major, then source rank in
+    ``split.sources``' order, then sample).
 
     Returns:
         ``(codes, held, (ids, low, high))``: the source of each id as ``position * world + source`` (int64
@@ -202,28 +314,36 @@ def _whole_bags(
     """
     world, keys = len(every_lengths), kjt.keys()
     index = {k: j for j, k in enumerate(keys)}
-    blocks = compat.row_block_sizes(input_dist)
     per_key = [lens.view(len(keys), -1) for lens in every_lengths]  # [keys, batch] per source rank
     starts = [torch.cumsum(p.sum(1), 0) - p.sum(1) for p in per_key]
     codes, lengths, low, high = [], [], [], []
     device, dtype = kjt.values().device, kjt.values().dtype
-    for k, block in zip(part.keys(), blocks):
+    for k, size in zip(part.keys(), split.sizes):
         j = index[k]
-        for s in range(world):
+        for s in split.sources:
             count = int(per_key[s][j].sum())
             start = int(starts[s][j])
             codes.append(torch.arange(start, start + count, device=device, dtype=torch.int64) * world + s)
             lengths.append(per_key[s][j])
-            low.append(torch.full((count,), rank * block, device=device, dtype=dtype))
-            high.append(torch.full((count,), (rank + 1) * block, device=device, dtype=dtype))
+            low.append(torch.full((count,), split.block * size, device=device, dtype=dtype))
+            high.append(torch.full((count,), (split.block + 1) * size, device=device, dtype=dtype))
     m = sum(c.numel() for c in codes)
     held = KeyedJaggedTensor(
         keys=part.keys(),
         values=torch.zeros(m, device=device, dtype=dtype),
-        lengths=torch.cat(lengths).to(part.lengths().dtype),
+        lengths=(torch.cat(lengths) if lengths else part.lengths()).to(part.lengths().dtype),
         weights=torch.zeros(m, device=device, dtype=torch.float32),
     )
-    return torch.cat(codes), held, (torch.empty(m, device=device, dtype=dtype), torch.cat(low), torch.cat(high))
+    empty = torch.zeros(0, device=device, dtype=torch.int64)
+    return (
+        torch.cat(codes) if codes else empty,
+        held,
+        (torch.empty(m, device=device, dtype=dtype), _cat(low, dtype, device), _cat(high, dtype, device)),
+    )
+
+
+def _cat(parts: List[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
 
 
 def _is_arange(index: torch.Tensor, n: int) -> bool:
@@ -232,15 +352,20 @@ def _is_arange(index: torch.Tensor, n: int) -> bool:
 
 def _input_dist_group(module: ShardedModule) -> dist.ProcessGroup:
     """The one process group of ``module``'s input-dist all-to-alls (the default group if it has none: all
-    data_parallel); refuses input dists that route by value within a host or run on a sub-group."""
+    data_parallel); refuses input dists it does not send (grid_shard) and those that run on a sub-group."""
     groups = []
-    for input_dist in compat.input_dists(module):
-        if not isinstance(input_dist, _TAKEN):
+    dists = compat.input_dists(module)
+    outputs = compat.output_dists(module)
+    for i, input_dist in enumerate(dists):
+        # grid_shard builds table_row_wise's input dist; its output dist tells them apart
+        grid = i < len(outputs) and compat.pooled_output_dist_kind(outputs[i]) == "grid_shard"
+        if grid or not isinstance(input_dist, _FEATURE_ROUTED + _ROW_SPLIT):
             raise ConfigError(
-                f"config key `sharding.name`: pipeline=graphed sends ids with fixed splits, but this plan's "
-                f"{type(input_dist).__name__} sends each id to the rank holding its row, so the all-to-all's "
-                f"sizes change with every batch ({', '.join(VALUE_ROUTED)}); use sharding=table_wise, column_wise "
-                "or row_wise, or pipeline=sparse_dist"
+                f"config key `sharding.name`: pipeline=graphed sends ids with fixed splits, and row-split tables "
+                f"as whole bags (row_wise, table_row_wise), but this plan's "
+                f"{'grid_shard' if grid else type(input_dist).__name__} input dist sends each id to the rank "
+                f"holding its row, so the all-to-all's sizes change with every batch ({', '.join(NOT_SENT)}); use "
+                "sharding=table_wise, column_wise, row_wise or table_row_wise, or pipeline=sparse_dist"
             )
         groups += [compat.kjt_all_to_all_group(m) for m in input_dist.modules() if isinstance(m, KJTAllToAll)]
     group = groups[0] if groups else dist.group.WORLD

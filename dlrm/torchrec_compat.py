@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
 from torchrec.distributed.sharding.grid_sharding import GridPooledEmbeddingDist
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
-from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
+from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist, TwRwSparseFeaturesDist
 from torchrec.distributed.types import ShardedModule
 
 from dlrm.errors import UnsupportedVersionError
@@ -76,6 +76,8 @@ PRIVATE_NAMES: Dict[str, str] = {
     "c10d::_reduce_scatter_base_": "the op behind dist.reduce_scatter_tensor (args: output, input, group)",
     "c10d::_allgather_base_": "the op behind dist.all_gather_into_tensor (args: output, input, group)",
     "RwSparseFeaturesDist._feature_block_sizes_tensor": "rows per rank of each row_wise feature's table",
+    "TwRwSparseFeaturesDist._feature_block_sizes_tensor": "rows per rank of each table_row_wise feature's table",
+    "TwRwSparseFeaturesDist._local_size": "ranks of one host that a table_row_wise table's rows are split over",
 }
 
 
@@ -162,17 +164,33 @@ def kjt_all_to_all_group(a2a: KJTAllToAll) -> dist.ProcessGroup:
 
 
 def row_block_sizes(input_dist: torch.nn.Module) -> List[int]:
-    """Rows per rank of each feature's table in a row_wise input dist (``RwSparseFeaturesDist``), in the order of
-    its features: rank ``r`` holds rows ``[r * size, (r + 1) * size)`` and receives the ids in that range, less
-    ``r * size`` (TorchRec's bucketize).
+    """Rows per block of each input feature's table in a row_wise input dist (``RwSparseFeaturesDist``) or a
+    table_row_wise one (``TwRwSparseFeaturesDist``), in the order of its input features: the rank holding block
+    ``b`` (row_wise: rank ``b``; table_row_wise: the ``b``-th rank of the table's host, :func:`host_size`) holds
+    rows ``[b * size, (b + 1) * size)`` and receives the ids in that range, less ``b * size`` (TorchRec's
+    bucketize). A table_row_wise input dist's input features are every host's, host by host.
 
     Raises:
         MissingInternalError: the input dist keeps them elsewhere.
     """
     sizes = getattr(input_dist, "_feature_block_sizes_tensor", None)
     if not isinstance(sizes, torch.Tensor):
-        raise _missing("RwSparseFeaturesDist._feature_block_sizes_tensor", type(input_dist).__name__)
+        kind = "TwRw" if isinstance(input_dist, TwRwSparseFeaturesDist) else "Rw"
+        raise _missing(f"{kind}SparseFeaturesDist._feature_block_sizes_tensor", type(input_dist).__name__)
     return [int(v) for v in sizes.tolist()]
+
+
+def host_size(input_dist: TwRwSparseFeaturesDist) -> int:
+    """The ranks per host of a table_row_wise input dist: a table's rows are split over the ranks ``[h * size,
+    (h + 1) * size)`` of its host ``h``, in that order.
+
+    Raises:
+        MissingInternalError: the input dist keeps it elsewhere.
+    """
+    size = getattr(input_dist, "_local_size", None)
+    if not isinstance(size, int):
+        raise _missing("TwRwSparseFeaturesDist._local_size", type(input_dist).__name__)
+    return size
 
 
 def set_kjt_all_to_all_group(a2a: KJTAllToAll, group: dist.ProcessGroup) -> None:

@@ -81,6 +81,7 @@ LENGTH_BYTES = 4
 
 STAGES = ("input dist", "output dist fwd", "output dist bwd", "all-reduce")
 ROW_SPLIT = ("row_wise", "table_row_wise", "grid_shard")
+WHOLE_BAGS = ("row_wise", "table_row_wise")  # sent as whole bags by pipeline=graphed on several ranks
 ALL_TO_ALL_BACK = ("table_wise", "column_wise", "table_column_wise")
 _DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32", "int64": "int64"}
 
@@ -276,7 +277,8 @@ def _input_dist(
     whole_row_bags: bool = False,
 ) -> List[Message]:
     """The lengths and values all-to-alls of one group's KJTAllToAll, on every rank (module docstring);
-    ``whole_row_bags``: row_wise tables' bags go whole to every rank (``pipeline=graphed`` on several ranks)."""
+    ``whole_row_bags``: row_wise tables' bags go whole to every rank, table_row_wise tables' to every rank of the
+    table's host (``pipeline=graphed`` on several ranks)."""
     w = lay.world
     lengths = [0.0] * w  # per destination, what every rank sends (same batch, same bags everywhere)
     ids = [0.0] * w
@@ -284,11 +286,12 @@ def _input_dist(
     estimated = False
     for t in group_tables:
         for block in t.blocks().values():
-            if t.sharding_type == "row_wise" and whole_row_bags:  # every id to every rank, exactly
-                for d in range(w):
+            if t.sharding_type in WHOLE_BAGS and whole_row_bags:  # every id to every rank (of the host), exactly
+                whole = range(w) if t.sharding_type == "row_wise" else lay.host_ranks(lay.host(block[0].rank))
+                for d in whole:
                     lengths[d] += b * t.bags
                     ids[d] += b * t.ids_per_sample
-                total_ids += w * b * t.ids_per_sample
+                total_ids += len(whole) * b * t.ids_per_sample
                 continue
             if t.sharding_type == "row_wise":
                 dests = list(range(w))
@@ -450,8 +453,9 @@ def step_traffic(
         allreduce_dtype: the dense all-reduce (``perf.allreduce_dtype``).
         id_dtype / length_dtype: the KJT's values and lengths (:data:`ID_BYTES`, :data:`LENGTH_BYTES`).
         fused_splits: one splits all-to-all for every group (TorchRec's pipelines), else one per group.
-        whole_row_bags: row_wise tables' ids go to every rank as whole bags (``pipeline=graphed`` on several
-            ranks: :mod:`dlrm.static_input_dist`), ``world_size`` times their ids in all.
+        whole_row_bags: row_wise tables' ids go to every rank as whole bags, table_row_wise tables' to every rank
+            of the table's host (``pipeline=graphed`` on several ranks: :mod:`dlrm.static_input_dist`),
+            ``world_size`` and ``local_world_size`` times their ids in all.
 
     Returns:
         A :class:`StepTraffic`; no messages on one rank (TorchRec and DDP send nothing over a link then).
@@ -550,7 +554,8 @@ def job_traffic(
     ``ShardingPlan``, ``dense_params`` from :func:`dense_parameters`. Ids per sample are the MLPerf multi-hot sizes
     with ``data.multi_hot``, else 1; dtypes come from ``perf.embedding_output_dtype``, ``perf.allreduce_dtype``
     and, unless ``id_dtype`` is given, ``data.name`` (:data:`ID_BYTES`); every ``pipeline=`` but ``base`` fuses
-    the splits; ``pipeline=graphed`` sends row_wise tables' bags whole to every rank."""
+    the splits; ``pipeline=graphed`` sends row_wise tables' bags whole to every rank, table_row_wise tables' to
+    every rank of the table's host."""
     from dlrm.model import FEATURE_NAMES, table_configs
 
     data = cfg.data  # type: ignore[attr-defined]

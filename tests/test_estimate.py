@@ -156,7 +156,8 @@ def test_plan_refuses_a_world_size_it_cannot_plan_at_once(capsys: pytest.Capture
 
 def test_plan_cli_estimate_uses_the_graphed_step_that_applies(tmp_path, capsys: pytest.CaptureFixture) -> None:
     """``pipeline=graphed``: the several-rank graph's figure on 2 ranks, the one-rank graph's on one; a plan the
-    graph refuses (table_row_wise tables on several ranks) is refused as the trainer refuses it."""
+    graph refuses (grid_shard tables on several ranks) is refused as the trainer refuses it; row_wise and
+    table_row_wise plans are taken, their whole bags' TBE time added."""
     graphed = ["perf=fast", "pipeline=graphed", "optimizer.sparse_type=adagrad", "--estimate"]
     assert main([*SMALL, "sharding=table_wise", *graphed]) == 0
     out = capsys.readouterr().out
@@ -171,19 +172,26 @@ def test_plan_cli_estimate_uses_the_graphed_step_that_applies(tmp_path, capsys: 
     assert "3.18 ms compute (perf=fast pipeline=graphed, several-rank graph, forced on one H200, skewed ids" in (
         capsys.readouterr().out
     )
-    assert main([*SMALL, "sharding=table_row_wise", *graphed]) == 2
+    assert main([*SMALL, "sharding=grid_shard", *graphed]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --estimate: config key `pipeline.name`: pipeline=graphed sends the ids with fixed")
-    assert "table_row_wise tables send each id to the rank that holds its row" in err
+    assert "grid_shard tables send each id to the rank that holds its row" in err
     assert main([*SMALL, "sharding=row_wise", *graphed]) == 0  # taken: whole bags, their TBE time added
     assert "ms of TBE for row_wise tables' whole bags, estimated)" in capsys.readouterr().out
+    assert main([*SMALL, "sharding=table_row_wise", *graphed]) == 0  # one host of 2: whole bags on both ranks
+    assert "ms of TBE for table_row_wise tables' whole bags, estimated)" in capsys.readouterr().out
 
 
-def test_whole_bag_tbe_time_of_row_wise_tables_in_the_graph() -> None:
+def test_whole_bag_tbe_time_of_row_split_tables_in_the_graph() -> None:
     """The several-rank graph looks up row_wise tables' whole bags on every rank: (world - 1) x their share of the
-    ids more TBE time; MLPerf's cat_20 and cat_21 (100 + 27 of 214 ids per sample) on 8 ranks at 8192: 4.59 ms."""
+    ids more TBE time; MLPerf's cat_20 and cat_21 (100 + 27 of 214 ids per sample) on 8 ranks at 8192: 4.59 ms.
+    table_row_wise tables' on every rank of their host: (local world - 1) x their share."""
     assert est.whole_bag_tbe_ms(8192, 8, 127.0, 214.0) == pytest.approx(1.106 * 7 * 127 / 214)
     assert round(est.whole_bag_tbe_ms(8192, 8, 127.0, 214.0), 2) == 4.59
     assert est.whole_bag_tbe_ms(4096, 2, 1.0, 2.0) == pytest.approx(1.106 / 2 / 2)  # half the batch: scaled
     assert est.whole_bag_tbe_ms(20480, 2, 1.0, 1.0) == pytest.approx((1.106 + 3.863) / 2)  # interpolated
     assert est.whole_bag_tbe_ms(8192, 1, 1.0, 1.0) == est.whole_bag_tbe_ms(8192, 8, 0.0, 1.0) == 0.0
+    # table_row_wise: whole bags on the ranks of the table's host, (local_world_size - 1) x their ids more
+    assert est.whole_bag_tbe_ms(8192, 16, 0.0, 214.0, 127.0, 8) == pytest.approx(1.106 * 7 * 127 / 214)
+    assert est.whole_bag_tbe_ms(8192, 16, 1.0, 4.0, 2.0, 2) == pytest.approx(1.106 * (15 * 1 + 1 * 2) / 4)
+    assert est.whole_bag_tbe_ms(8192, 16, 0.0, 1.0, 1.0, 1) == 0.0  # one rank per host: no id looked up twice

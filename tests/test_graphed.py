@@ -2,11 +2,12 @@
 
 On CPU the pipeline runs its capture path eagerly (``capture=False``): warm-up steps, the held input dist and its
 gather index, the dense Adagrad on the optimizer's state, the eager fallback for a partial batch, and the bag-size
-check; on two gloo ranks also the ids all-to-all with fixed splits (checked against TorchRec's input dist for every
-sharding type it takes, on 2 ranks and on 2 hosts x 2; row_wise tables as whole bags with weights 0 and 1, whose
-premise, that weight-0 ids change no row or Adagrad state, is checked on FBGEMM's TBE) and the dense gradients'
-all-reduce. On a GPU host (``pytest -m gpu``) the same comparison
-runs with the CUDA graph captured and replayed, the several-rank path forced on a one-rank NCCL world too.
+check; on two gloo ranks, and on four as 2 hosts x 2, also the ids all-to-all with fixed splits (checked against
+TorchRec's input dist for every sharding type it takes; row_wise and table_row_wise tables as whole bags with
+weights 0 and 1, whose premise, that weight-0 ids change no row or Adagrad state, is checked on FBGEMM's TBE) and
+the dense gradients' all-reduce (in DDP's bucket order, which four ranks need to sum bit for bit). On a GPU host
+(``pytest -m gpu``) the same comparison runs with the CUDA graph captured and replayed, the several-rank path forced
+on a one-rank NCCL world too.
 
     .venv/bin/python -m pytest -q tests/test_graphed.py
 """
@@ -279,24 +280,31 @@ STATIC_CASES = [
     ("table_column_wise", ("sharding.sharding_types=[table_column_wise]", "sharding.min_partition=8")),
     ("row_wise", ("sharding=row_wise",)),
     ("table_row_wise", ("sharding=table_row_wise",)),
+    ("grid_shard", ("sharding=grid_shard", "sharding.min_partition=8")),
 ]
+# table_row_wise beside table_wise and row_wise tables: on 2 hosts the plan puts table_row_wise tables on both
+TWRW_MIXED = (
+    "sharding=table_row_wise",
+    "+sharding.constraints.t_cat_0.sharding_types=[table_wise]",
+    "+sharding.constraints.t_cat_1.sharding_types=[row_wise]",
+)
 
 
 def test_static_input_dist_equals_torchrec_input_dist_for_every_sharding_type_2_ranks() -> None:
     """2 gloo ranks, each its own ids: the ids all-to-all with fixed splits gives TorchRec's input-dist output bit
-    for bit (ids and bag sizes; for row_wise the weight-1 ids of the whole bags and their count per bag) on the
-    batch it was made from and on three others, for every sharding type that routes ids by feature and for
-    row_wise; table_row_wise (bucketized within a host) is refused, naming the reason."""
+    for bit (ids and bag sizes; for row_wise and table_row_wise the weight-1 ids of the whole bags and their count
+    per bag) on the batch it was made from and on three others, for every sharding type that routes ids by feature
+    and for the row-split ones; grid_shard is refused, naming the reason."""
     results = run_gloo(2, _static_input_dist, STATIC_CASES)
     for rank, res in enumerate(results):
         for label, _ in STATIC_CASES:
             got = res[label]
-            if label == "table_row_wise":
-                assert isinstance(got, str) and "sends each id to the rank holding its row" in got, got
+            if label == "grid_shard":
+                assert isinstance(got, str) and "grid_shard input dist sends each id to the rank holding" in got, got
                 continue
             assert got["checks"] == [(True, "")] * 4, (rank, label, got)
     # what each rank sends is what the others receive, and each rank's lookups get ids from both ranks
-    for label in ("mixed", "table_column_wise", "row_wise"):
+    for label in ("mixed", "table_column_wise", "row_wise", "table_row_wise"):
         assert sum(r[label]["sent"] for r in results) == sum(r[label]["received"] for r in results) > 0
 
 
@@ -308,13 +316,17 @@ def _static_input_dist_two_hosts(rank: int, world: int, cases: List[Tuple[str, T
 
 
 def test_static_input_dist_equals_torchrec_input_dist_on_two_hosts_of_2_ranks() -> None:
-    """4 gloo ranks as 2 hosts x 2: the same for a plan of table_wise, column_wise and data_parallel tables and
-    for row_wise tables (whole bags to every rank); table_row_wise (bucketized within a host) is refused."""
-    cases = [STATIC_CASES[0], STATIC_CASES[2], STATIC_CASES[3]]
-    for rank, res in enumerate(run_gloo(4, _static_input_dist_two_hosts, cases)):
-        assert res["mixed"]["checks"] == [(True, "")] * 4, (rank, res["mixed"])
-        assert res["row_wise"]["checks"] == [(True, "")] * 4, (rank, res["row_wise"])
-        assert "sends each id to the rank holding its row" in res["table_row_wise"], res
+    """4 gloo ranks as 2 hosts x 2: the same for a plan of table_wise, column_wise and data_parallel tables, for
+    row_wise tables (whole bags to every rank), and for table_row_wise tables beside table_wise and row_wise ones
+    (whole bags to the ranks of the table's host, from every rank in TorchRec's staggered order)."""
+    cases = [STATIC_CASES[0], STATIC_CASES[2], ("table_row_wise", TWRW_MIXED)]
+    results = run_gloo(4, _static_input_dist_two_hosts, cases)
+    for rank, res in enumerate(results):
+        for label, _ in cases:
+            assert res[label]["checks"] == [(True, "")] * 4, (rank, label, res[label])
+    # every rank receives table_row_wise ids: both hosts hold such tables
+    assert all(r["table_row_wise"]["received"] > 0 for r in results)
+    assert sum(r["table_row_wise"]["sent"] for r in results) == sum(r["table_row_wise"]["received"] for r in results)
 
 
 def _bag_sizes(rank: int, world: int) -> str:
@@ -348,7 +360,7 @@ def _bag_sizes(rank: int, world: int) -> str:
     "overrides,world,device,match",
     [
         ([], 1, "cpu", "replays a CUDA graph, but this run is on cpu"),
-        (["sharding=table_row_wise"], 2, "cuda", "table_row_wise tables send each id to the rank that holds its row"),
+        (["sharding=grid_shard"], 2, "cuda", "grid_shard tables send each id to the rank that holds its row"),
         (["perf.allreduce_dtype=bf16"], 2, "cuda", "dense gradients in fp32 .*perf.allreduce_dtype=bf16"),
         (["offload=uvm"], 1, "cuda", "not built for offload=uvm"),
     ],
@@ -365,16 +377,19 @@ def test_what_a_replay_cannot_follow_is_refused(overrides: List[str], world: int
     check_graphed(to_config(compose(["pipeline=graphed", *SCHEDULE])), 8, torch.device("cuda"))
 
 
-def test_a_plan_with_row_split_tables_is_refused_on_several_ranks() -> None:
-    """The planner's choice, not the preset: a table_row_wise table in the plan of an auto run."""
+def test_a_plan_with_grid_shard_tables_is_refused_on_several_ranks() -> None:
+    """The planner's choice, not the preset: a grid_shard table in the plan of an auto run; row_wise and
+    table_row_wise tables are taken (whole bags, fixed splits)."""
     from dlrm.graphed import check_graphed
 
     cfg = to_config(compose(["pipeline=graphed"]))
-    with pytest.raises(ConfigError, match="table_row_wise tables send each id to the rank that holds its row"):
-        check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "table_row_wise", "column_wise"])
+    with pytest.raises(ConfigError, match="grid_shard tables send each id to the rank that holds its row"):
+        check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "grid_shard", "table_row_wise"])
     check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "column_wise"])
-    check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "row_wise"])  # row_wise: whole bags, fixed splits
-    check_graphed(cfg, 1, torch.device("cuda"), ["table_row_wise"])  # one rank: nothing is sent
+    check_graphed(cfg, 16, torch.device("cuda"), ["table_wise", "row_wise", "table_row_wise"])
+    check_graphed(cfg, 1, torch.device("cuda"), ["grid_shard"])  # one rank: nothing is sent
+    table_row_wise = to_config(compose(["pipeline=graphed", "sharding=table_row_wise"]))
+    check_graphed(table_row_wise, 16, torch.device("cuda"))
     for world in (1, 16):  # the compiled dense step does not take data_parallel tables' weights
         with pytest.raises(ConfigError, match="that compile fails on data_parallel tables' weights"):
             check_graphed(cfg, world, torch.device("cuda"), ["table_wise", "data_parallel"])
@@ -534,6 +549,23 @@ def test_capture_path_with_a_row_wise_table_on_two_ranks_trains_as_torchrec_pipe
     assert [m for msgs in results for m in msgs] == [
         f"{' '.join(ROW_WISE)}/adagrad: {STEPS_ROW_WISE} losses, 47 tensors, {n} optimizer states" for n in (52, 59)
     ]
+
+
+def _compare_two_hosts(rank: int, world: int, *args: Any) -> List[str]:
+    import os
+
+    os.environ.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank % 2))  # 2 hosts x 2 ranks
+    return _compare(rank, world, *args)
+
+
+def test_capture_path_with_table_row_wise_tables_on_two_hosts_trains_as_torchrec_pipeline_bit_for_bit() -> None:
+    """4 gloo ranks as 2 hosts x 2, each its own ids, table_row_wise tables on both hosts beside a table_wise and a
+    row_wise table: the capture path run eagerly against ``pipeline=sparse_dist`` over 10 full batches and a half
+    one; losses, every table shard, dense parameters and optimizer state equal bit for bit."""
+    paths = {"eager": 3, "rehearsal": 1, "graph": 7}
+    case = [(" ".join(TWRW_MIXED), "adagrad")]
+    results = run_gloo(4, _compare_two_hosts, "cpu", False, case, STEPS_ROW_WISE, None, paths)
+    assert [m.split(": ")[1].split(",")[0] for msgs in results for m in msgs] == [f"{STEPS_ROW_WISE} losses"] * 4
 
 
 def _weight_zero_ids_change_nothing(device: str) -> None:

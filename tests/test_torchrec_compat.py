@@ -11,6 +11,7 @@ TorchRec or torch upgrade that changes one of them fails here, naming it.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any, Dict, List
 
@@ -330,21 +331,44 @@ def test_gpu_spin_keeps_the_stream_busy() -> None:
 def _row_block_worker(rank: int, world: int) -> Any:
     import torch.distributed as dist
     from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
+    from torchrec.distributed.sharding.twrw_sharding import TwRwSparseFeaturesDist
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    rw = RwSparseFeaturesDist(dist.group.WORLD, 2, [10, 7], device=torch.device("cpu"))
     kjt = KeyedJaggedTensor.from_lengths_sync(
         keys=["a", "b"], values=torch.tensor([2, 6, 3, 4]), lengths=torch.tensor([2, 0, 1, 1], dtype=torch.int32)
     )
+    rw = RwSparseFeaturesDist(dist.group.WORLD, 2, [10, 7], device=torch.device("cpu"))
     got = rw(kjt).wait().wait()
-    return compat.row_block_sizes(rw), got.values().tolist()
+    # one host of 2 ranks holding both tables' rows
+    twrw = TwRwSparseFeaturesDist(dist.group.WORLD, 2, [2, 2], [10, 7], device=torch.device("cpu"))
+    got_twrw = twrw(kjt).wait().wait()
+    return (
+        compat.row_block_sizes(rw),
+        got.values().tolist(),
+        compat.row_block_sizes(twrw),
+        compat.host_size(twrw),
+        got_twrw.values().tolist(),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _row_blocks() -> Any:
+    return list(zip(*run_gloo(2, _row_block_worker)))
 
 
 def _check_row_blocks() -> None:
     """Rows per rank ceil(rows / 2): ids 2, 6 of ``a`` (10 rows) and 3, 4 of ``b`` (7 rows) from both ranks go to
     rank 0 as 2, 3, 3 and to rank 1 as 6 - 5 = 1 and 4 - 4 = 0."""
-    sizes, values = zip(*run_gloo(2, _row_block_worker))
+    sizes, values = _row_blocks()[:2]
     assert sizes == ([5, 4], [5, 4])
+    assert values == ([2, 2, 3, 3], [1, 1, 0, 0])
+
+
+def _check_table_row_blocks() -> None:
+    """The same for table_row_wise on one host of 2 ranks: rows per rank of the host ceil(rows / 2), the host's 2
+    ranks, and the same ids to each rank as row_wise sends."""
+    _, _, sizes, hosts, values = _row_blocks()
+    assert sizes == ([5, 4], [5, 4]) and hosts == (2, 2)
     assert values == ([2, 2, 3, 3], [1, 1, 0, 0])
 
 
@@ -381,6 +405,8 @@ CHECKS = {
     "c10d::_reduce_scatter_base_": _check_record_collectives,
     "c10d::_allgather_base_": _check_record_collectives,
     "RwSparseFeaturesDist._feature_block_sizes_tensor": _check_row_blocks,
+    "TwRwSparseFeaturesDist._feature_block_sizes_tensor": _check_table_row_blocks,
+    "TwRwSparseFeaturesDist._local_size": _check_table_row_blocks,
 }
 NEEDS_SHARDED = {
     _check_input_dist,

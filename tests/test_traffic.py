@@ -225,14 +225,20 @@ def test_table_row_wise_by_hand() -> None:
 
 def test_graphed_step_sends_row_wise_bags_whole_to_every_rank() -> None:
     """``pipeline=graphed`` on several ranks: a row_wise table's 10 x 2 ids of each rank go whole to each of the 4
-    ranks (160 bytes to each, 640 sent and received, exact); the table_wise table's ids are as in TorchRec's."""
+    ranks (160 bytes to each, 640 sent and received, exact); a table_row_wise table's on host 1 to its 2 ranks
+    only (320 sent by each rank, 640 received by ranks 2 and 3, none by 0 and 1); the table_wise table's ids are
+    as in TorchRec's."""
     rw = ShardedTable("ebc", "t1", "row_wise", 40, 4, 1, 2.0, tuple(Shard(r, 10 * r, 10, 0, 4) for r in range(4)))
-    tables = [_tw("t0", 1, 8, 3.0), rw]
+    twrw = ShardedTable("ebc", "t2", "table_row_wise", 40, 4, 1, 2.0, (Shard(2, 0, 20, 0, 4), Shard(3, 20, 20, 0, 4)))
+    tables = [_tw("t0", 1, 8, 3.0), rw, twrw]
     kw = dict(world_size=4, local_world_size=2, batch_size=10, dense_params=1000)
     tr = step_traffic(tables, whole_row_bags=True, **kw)  # type: ignore[arg-type]
     by = {(m.rank, m.sharding_type, m.tensor): m for m in tr.messages if m.stage == "input dist"}
     rv = by[(0, "row_wise", "values")]
     assert (rv.send_bytes, rv.recv_bytes, rv.out_intra, rv.out_inter, rv.estimated) == (640, 640, 160, 320, False)
+    t0, t2 = by[(0, "table_row_wise", "values")], by[(2, "table_row_wise", "values")]
+    assert (t0.send_bytes, t0.recv_bytes, t0.out_intra, t0.out_inter, t0.estimated) == (320, 0, 0, 320, False)
+    assert (t2.send_bytes, t2.recv_bytes, t2.out_intra, t2.out_inter, t2.estimated) == (320, 640, 160, 0, False)
     ref = step_traffic(tables, **kw)  # type: ignore[arg-type]
     tw = [m for m in ref.messages if m.sharding_type == "table_wise"]
     assert tw == [m for m in tr.messages if m.sharding_type == "table_wise"]
