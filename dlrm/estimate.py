@@ -14,7 +14,8 @@ It is arithmetic on measured figures, not a measurement:
   TBE's worst case);
 - the step's collectives: ``dlrm.traffic``'s time for the plan at the link rates (peak rates, one after another);
   the step lies between compute alone (all of it overlapped) and compute plus collectives (none of it);
-- evaluation: 20 per epoch of 89,137,319 rows at :data:`EVAL_SAMPLES_PER_S_PER_GPU` per GPU;
+- evaluation: 20 per epoch of 89,137,319 rows at :data:`EVAL_SAMPLES_PER_S_PER_GPU` per GPU, the kind of step's
+  (the eager forward, or ``pipeline=graphed``'s captured one);
 - the time to the target: the epochs MLPerf's reference convergence points (RCPs) need at the run's global batch
   (:func:`epochs_to_target`).
 
@@ -67,7 +68,12 @@ SKEWED_STEP_MS: Dict[Tuple[str, str], Dict[int, float]] = {
 }
 # the data sets of real Criteo ids (heavy-tailed: SKEWED_STEP_MS applies)
 CRITEO_DATA = ("criteo_binary", "criteo_tsv")
-EVAL_SAMPLES_PER_S_PER_GPU = 5.2e6  # train.py's evaluation at batch 32768 on one H200 (6ba4974)
+# train.py's evaluation by kind of step (docs/performance.md, 2026-12-05, 81a89b8): data=synthetic built on the
+# GPU, 4,194,304 rows at eval.batch_size=32768, histogram AUC, the run's second (warm) evaluation, on one H100: the
+# eager forward (pipeline=sparse_dist) and the captured one (pipeline=graphed). An H200 has the same SMs and faster
+# HBM. The several-rank graph's forward, forced on one rank, evaluates as fast as the one-rank graph's
+# (bench.eval_throughput --ids-all-to-all: 8.04 against 8.01 M samples/s at 32768).
+EVAL_SAMPLES_PER_S_PER_GPU: Dict[str, float] = {EAGER: 5.84e6, GRAPHED: 7.51e6, GRAPHED_RANKS: 7.51e6}
 # MLPerf Training v5.0 results, HPE-Cray-XD670-H200-SXM5-141GB_n1_24.09 dlrm_dcnv2: the olympic mean of its 10
 # runs; per GPU, 3200 steps of 65536 samples between two evaluations in 11.8 s of training, over 8 GPUs
 PUBLISHED = (
@@ -90,6 +96,7 @@ class Estimate:
     epoch_low: float
     epoch_high: float
     eval_per_epoch: float
+    eval_rate: float  # evaluation samples/s per GPU
     epochs_to_target: float
     target_low: float
     target_high: float
@@ -188,12 +195,15 @@ def estimate(
     comm_ms: float,
     train_samples: int = TRAIN_SAMPLES,
     eval_samples: int = EVAL_SAMPLES,
+    eval_kind: str = EAGER,
 ) -> Estimate:
     """The epoch and time-to-target estimate for ``world_size`` GPUs at ``global_batch``, from the per-step
     compute and collective times in ms (module docstring); one epoch is ``train_samples`` training rows with
-    :data:`EVALS_PER_EPOCH` evaluations of ``eval_samples`` rows (default: MLPerf's Criteo 1TB)."""
+    :data:`EVALS_PER_EPOCH` evaluations of ``eval_samples`` rows (default: MLPerf's Criteo 1TB), at the evaluation
+    rate of the kind of step ``eval_kind`` (:data:`EVAL_SAMPLES_PER_S_PER_GPU`)."""
     steps = -(-train_samples // global_batch)  # the trainer's rule too: a last partial batch is one more step
-    eval_epoch = EVALS_PER_EPOCH * eval_samples / (world_size * EVAL_SAMPLES_PER_S_PER_GPU)
+    eval_rate = EVAL_SAMPLES_PER_S_PER_GPU[eval_kind]
+    eval_epoch = EVALS_PER_EPOCH * eval_samples / (world_size * eval_rate)
     lo, hi = steps * compute_ms / 1e3, steps * (compute_ms + comm_ms) / 1e3
     epochs = epochs_to_target(global_batch)
     return Estimate(
@@ -207,6 +217,7 @@ def estimate(
         epoch_low=lo + eval_epoch,
         epoch_high=hi + eval_epoch,
         eval_per_epoch=eval_epoch,
+        eval_rate=eval_rate,
         epochs_to_target=epochs,
         target_low=epochs * (lo + eval_epoch),
         target_high=epochs * (hi + eval_epoch),
@@ -228,8 +239,8 @@ def format_estimate(
         f"{e.compute_ms:.2f}-{e.compute_ms + e.comm_ms:.2f} ms; {rate_lo / 1e6:.2f}-{rate_hi / 1e6:.2f} M "
         "samples/s per GPU of training time",
         f"  one epoch of {dataset} ({e.train_samples:,} samples, {e.steps_per_epoch:,} steps, {EVALS_PER_EPOCH} "
-        f"evaluations of {e.eval_samples:,} rows = {e.eval_per_epoch:.0f} s): {e.epoch_low / 60:.1f}-"
-        f"{e.epoch_high / 60:.1f} min",
+        f"evaluations of {e.eval_samples:,} rows = {e.eval_per_epoch:.0f} s at {e.eval_rate / 1e6:.2f} M "
+        f"samples/s per GPU, measured on one H100): {e.epoch_low / 60:.1f}-{e.epoch_high / 60:.1f} min",
         f"  to AUC 0.80275 ({e.epochs_to_target:.3f} epoch, MLPerf's reference convergence points at global batch "
         f"{e.per_gpu_batch * e.world_size}): {e.target_low / 60:.1f}-{e.target_high / 60:.1f} min"
         if mlperf

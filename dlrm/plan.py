@@ -282,6 +282,7 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
     intra, inter = link_rates("cuda", own.get("link_gbps"))
     assert intra is not None and inter is not None
     comm_ms = traffic.step_seconds(intra, inter) * 1e3
+    kind = est.step_kind(cfg.pipeline.name == "graphed", pi.world_size)
     if "step_ms" in own:
         compute, source = own["step_ms"], STEP_MS_FLAG
     else:
@@ -296,7 +297,6 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
                 check_graphed(cfg, pi.world_size, torch.device("cuda"), sharding_types_of(pi.plan))
             except ConfigError as e:
                 raise ConfigError(f"{ESTIMATE_FLAG}: {e}") from None
-        kind = est.step_kind(graphed, pi.world_size)
         try:
             compute, skewed = est.step_ms(
                 cfg.optimizer.sparse_type, kind, batch, skewed=cfg.data.name in est.CRITEO_DATA
@@ -319,7 +319,9 @@ def _estimate(cfg: Config, pi: PlanInfo, traffic: StepTraffic, batch: int, own: 
                 what = " and ".join(s for s in WHOLE_BAGS if ids[s])
                 source += f"; + {extra:.2f} ms of TBE for {what} tables' whole bags, estimated"
     train, val, what = dataset_epoch(cfg, cfg.model.table_rows)
-    e = est.estimate(batch * pi.world_size, pi.world_size, compute, comm_ms, train_samples=train, eval_samples=val)
+    e = est.estimate(
+        batch * pi.world_size, pi.world_size, compute, comm_ms, train_samples=train, eval_samples=val, eval_kind=kind
+    )
     return est.format_estimate(e, source, dataset=what)
 
 

@@ -21,7 +21,7 @@ def test_epoch_and_target_by_hand() -> None:
     # 4,195,197,692 = 64,013 x 65,536 + 41,724: the partial batch is one more step, as the trainer runs it
     assert e.steps_per_epoch == 64014 and e.per_gpu_batch == 8192
     assert e.steps_per_epoch == steps_per_epoch(est.TRAIN_SAMPLES, 65536, 8)
-    evals = 20 * 89_137_319 / (8 * 5.2e6)  # 42.85 s of evaluation per epoch
+    evals = 20 * 89_137_319 / (8 * 5.84e6)  # 38.16 s of eager evaluation per epoch
     assert e.eval_per_epoch == pytest.approx(evals, rel=1e-12)
     assert e.epoch_low == pytest.approx(64014 * 0.008 + evals, rel=1e-12)
     assert e.epoch_high == pytest.approx(64014 * 0.009 + evals, rel=1e-12)
@@ -31,6 +31,10 @@ def test_epoch_and_target_by_hand() -> None:
     assert text.startswith("ESTIMATE (arithmetic on measured figures, not a measurement) for 8 x H200")
     assert "8.00-9.00 ms" in text and "0.91-1.02 M samples/s per GPU of training time" in text  # 8192 / 9, 8 ms
     assert "to AUC 0.80275 (0.791 epoch" in text and "MLPerf Training v5.0: 3.44 min" in text
+    assert "20 evaluations of 89,137,319 rows = 38 s at 5.84 M samples/s per GPU, measured on one H100)" in text
+    graphed = est.estimate(65536, 8, compute_ms=8.0, comm_ms=1.0, eval_kind=est.GRAPHED_RANKS)  # captured forward
+    assert graphed.eval_per_epoch == pytest.approx(20 * 89_137_319 / (8 * 7.51e6), rel=1e-12)  # 29.67 s
+    assert graphed.epoch_low == pytest.approx(64014 * 0.008 + graphed.eval_per_epoch, rel=1e-12)
 
 
 def test_epochs_to_target_are_the_reference_convergence_points() -> None:
@@ -125,7 +129,8 @@ def test_estimate_uses_the_configured_epoch(tmp_path, capsys: pytest.CaptureFixt
     assert main([*SMALL, "--estimate", "--step-ms", "5", "data.num_train_samples=100000"]) == 0
     out = capsys.readouterr().out
     assert (
-        "  one epoch of the synthetic data (100,000 samples, 7 steps, 20 evaluations of 16,384 rows = 0 s): "
+        "  one epoch of the synthetic data (100,000 samples, 7 steps, 20 evaluations of 16,384 rows = 0 s at 5.84 M "
+        "samples/s per GPU, measured on one H100): "
         "0.0-0.0 min\n  to AUC 0.80275: not estimated, MLPerf's reference convergence points are for its Criteo 1TB "
         "epoch\n"
     ) in out
