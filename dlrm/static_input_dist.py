@@ -258,12 +258,21 @@ def _probe(
     """``kjt``'s keys and lengths with ids that say where they come from: ``position * world + rank`` for the
     features routed by feature; 0 for row_wise ones (a code would be routed by its value; their layout comes from
     the lengths); for table_row_wise ones id ``j`` of a feature in row block ``j % ranks per host`` (its first
-    row), and, with them, weights: this rank, for every id (:func:`_source_order`)."""
+    row), and, with them, weights: this rank, for every id (:func:`_source_order`).
+
+    Raises:
+        ConfigError: a table_row_wise feature with fewer ids on this rank than its host has ranks."""
     device, n = kjt.values().device, kjt.values().numel()
     codes = (torch.arange(n, device=device, dtype=torch.int64) * world + rank).to(kjt.values().dtype)
     for k, start, count in zip(kjt.keys(), kjt.offset_per_key(), kjt.length_per_key()):
         if k in spread:
             host, size = spread[k]
+            if count < host:  # each rank of the host must receive an id of every source to learn the order
+                raise ConfigError(
+                    f"config key `data.batch_size`: pipeline=graphed learns where the ids of table_row_wise "
+                    f"feature {k} go from one id per rank of its host, but a batch has {count} of its ids on this "
+                    f"rank for {host} ranks per host; use a larger data.batch_size or pipeline=sparse_dist"
+                )
             codes[start : start + count] = (torch.arange(count, device=device) % host * size).to(codes.dtype)
         elif k in row_keys:
             codes[start : start + count] = 0

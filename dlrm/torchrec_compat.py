@@ -3,7 +3,9 @@
 TorchRec has no public seam for three things the trainer does: putting the input dist's KJT all-to-alls on a
 process group of their own (``pipeline.input_dist_group=dedicated``, :mod:`dlrm.comms`), sending the pooled
 embeddings without TorchRec's staging copy (``perf.lean_output_dist``, :mod:`dlrm.output_dist`), and keeping the
-DCN's residual stream in the autocast dtype (``perf.dcn_residual_dtype``, :mod:`dlrm.model`). torch has no public
+DCN's residual stream in the autocast dtype (``perf.dcn_residual_dtype``, :mod:`dlrm.model`); and it needs two
+facts TorchRec keeps to itself for ``pipeline=graphed`` on several ranks to send row_wise and table_row_wise
+tables' bags whole: each table's rows per rank and a host's ranks (:mod:`dlrm.static_input_dist`). torch has no public
 name for a few more: the pinned-copy helpers of ``torch.distributed.checkpoint`` (:mod:`dlrm.checkpoint`), the
 sharding-spec classes a loaded ``plan.json`` is rebuilt from (:mod:`dlrm.sharding`), dynamo's settings for a
 compiled step under DDP and TorchRec's fx trace (:mod:`dlrm.perf`), the autograd engine's end-of-backward callback

@@ -626,3 +626,18 @@ def test_weight_zero_ids_leave_rows_and_adagrad_state_bit_for_bit_on_cpu() -> No
 @pytest.mark.gpu
 def test_weight_zero_ids_leave_rows_and_adagrad_state_bit_for_bit_on_cuda() -> None:
     _weight_zero_ids_change_nothing("cuda")
+
+
+def test_too_few_table_row_wise_ids_for_the_probe_are_refused_naming_the_batch_size() -> None:
+    """The probe that learns TorchRec's staggered source order sends one id of each table_row_wise feature to each
+    rank of its host: a batch with fewer ids of that feature than ranks per host is refused before any collective
+    (every rank has the same count, so all refuse together)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from dlrm.static_input_dist import _probe
+
+    kjt = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), lengths=torch.tensor([1, 1, 1, 1, 1, 0]))
+    probe = _probe(kjt, {"a"}, {"b": (2, 10)}, rank=1, world=4)  # b: 2 ids for 2 ranks per host, rows 10 a block
+    assert probe.values().tolist() == [0, 0, 0, 0, 10] and probe.weights().tolist() == [1.0] * 5
+    with pytest.raises(ConfigError, match=r"^config key `data.batch_size`: .* feature b .* 2 of its ids on this rank "):
+        _probe(kjt, {"a"}, {"b": (3, 10)}, rank=1, world=4)
