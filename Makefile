@@ -6,7 +6,7 @@
 # `make clean` before switching.
 #   make integration   as root: a Slurm cluster and the CPU image, started and built by tests/integration
 #                      (installs the Debian packages it needs; .ci/run calls it after make test)
-# Extra arguments: make train ARGS="model=dlrm_v2 trainer.max_steps=100"   make test PYTEST_ARGS="-k tsv"
+# Extra arguments: make train ARGS="trainer.max_steps=100 data.batch_size=512"   make test PYTEST_ARGS="-k tsv"
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
