@@ -296,8 +296,7 @@ def _source_order(part: KeyedJaggedTensor, world: int) -> List[int]:
         got = torch.unique(sources[block == b])
         if got.numel() != 1:
             raise RuntimeError(
-                f"the probe's table_row_wise ids of block {b} came from {got.tolist()} (one source each expected: "
-                "fewer ids per feature than ranks per host?)"
+                f"the probe's table_row_wise ids of block {b} came from {got.tolist()}, one source each expected"
             )
         order.append(int(got))
     if sorted(order) != list(range(world)):
@@ -343,9 +342,8 @@ def _whole_bags(
         lengths=(torch.cat(lengths) if lengths else part.lengths()).to(part.lengths().dtype),
         weights=torch.zeros(m, device=device, dtype=torch.float32),
     )
-    empty = torch.zeros(0, device=device, dtype=torch.int64)
     return (
-        torch.cat(codes) if codes else empty,
+        _cat(codes, torch.int64, device),
         held,
         (torch.empty(m, device=device, dtype=dtype), _cat(low, dtype, device), _cat(high, dtype, device)),
     )
