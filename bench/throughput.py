@@ -111,6 +111,8 @@ LEVERS: Dict[str, List[str]] = {
     # the several-rank graph (ids all-to-all with fixed splits, dense all-reduce in the graph), on any world size
     "fast_graphed_elementwise_ids_all_to_all": GRAPHED_ELEMENTWISE,
     "fast_graphed_ids_all_to_all": ["perf=fast", "pipeline=graphed"],
+    # the same, the input dist on its own group: each step sends the next batch's ids on a stream of their own
+    "fast_graphed_elementwise_ids_ahead": GRAPHED_ELEMENTWISE + ["pipeline.input_dist_group=dedicated"],
     "fp32_graphed": ["perf=fp32", "pipeline=graphed"],
     "fast_graphed_elementwise_max_autotune": GRAPHED_ELEMENTWISE + ["perf.compile_mode=max-autotune-no-cudagraphs"],
     "fast_fp16_tables": ["perf=fast", "perf.embedding_dtype=fp16"],
@@ -153,6 +155,7 @@ HOOKS: Dict[str, BuildHooks] = {
 PIPELINE_ARGS: Dict[str, Dict[str, Any]] = {
     "fast_graphed_elementwise_ids_all_to_all": {"ids_all_to_all": True},
     "fast_graphed_ids_all_to_all": {"ids_all_to_all": True},
+    "fast_graphed_elementwise_ids_ahead": {"ids_all_to_all": True},
 }
 DEFAULT_VARIANTS = [
     "stock",

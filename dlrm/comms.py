@@ -115,6 +115,11 @@ def use_group_for_input_dist(model: torch.nn.Module, group: dist.ProcessGroup) -
     return hooked
 
 
+def has_dedicated_input_dist(module: ShardedModule) -> bool:
+    """Whether :func:`use_group_for_input_dist` hooked ``module``'s input dist to a process group of its own."""
+    return module.__dict__.get(_HOOK_ATTR) is not None
+
+
 def input_dist_all_to_alls(model: torch.nn.Module) -> List[KJTAllToAll]:
     """Every ``KJTAllToAll`` of the input dists built so far (empty before the first batch)."""
     out: List[KJTAllToAll] = []

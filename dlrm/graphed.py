@@ -43,6 +43,16 @@ optimizer, the dense gradients' all-reduce (one flat fp32 buffer, scaled by the 
 gradients in the order DDP's rebuilt bucket holds them) and the dense Adagrad step. The host copies the next batch
 into the input buffers and replays.
 
+Ids ahead (``pipeline.input_dist_group=dedicated``, the input dist on a process group of its own): as TorchRec's
+sparse-dist pipeline sends the next batch's input dist on its data-dist stream, the captured step sends the
+*next* batch's ids instead of its own, on the dedicated group's communicator and a CUDA stream of their own,
+beside the step's lookups and dense work, into a receive buffer that the step writes into the held input
+dist after its backward, for the next replay. The host loads the next batch's ids into the buffer the step sends
+(the pipeline keeps two batches ahead on the device) and the batch's dense features and labels into theirs. A
+step after an eager one, or whose next batch has another shape, sends its own ids in line first; a step whose
+next batch trains eagerly has sent ids nobody reads. :attr:`GraphedTrainPipeline.ids_received_ahead` counts the
+steps that trained on ids the step before sent. Evaluation sends its ids in line.
+
 Evaluation (:meth:`GraphedTrainPipeline.evaluate`): the same for the forward. Evaluation batches are padded to
 one size (:func:`dlrm.data.eval_batches`), so after one eager batch (``EVAL_WARMUP_BATCHES``) the next becomes
 the forward's input buffers with a held input dist of its own (ids all-to-all with fixed splits on several ranks,
@@ -74,9 +84,10 @@ whose bag sizes differ from the captured ones stops the run with :class:`dlrm.mo
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -85,11 +96,12 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed.types import ShardedModule
 
 from dlrm import torchrec_compat as compat
+from dlrm.comms import has_dedicated_input_dist
 from dlrm.config import Config
 from dlrm.errors import ConfigError
 from dlrm.held_batch import HeldBatch
 from dlrm.model import BatchError
-from dlrm.static_input_dist import NOT_SENT
+from dlrm.static_input_dist import NOT_SENT, StaticInputDist
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +221,9 @@ class GraphedTrainPipeline:
         ids_all_to_all: send the ids with fixed splits (:class:`dlrm.static_input_dist.StaticInputDist`) and
             all-reduce the dense gradients inside the step; None: on several ranks. True on one rank runs the
             several-rank path there (its collectives are issued, over one rank).
+        ids_ahead: with the ids all-to-all, send the next batch's ids during this step, on a stream of their own
+            (module docstring, "Ids ahead"); None: when the input dist runs on a process group of its own
+            (``pipeline.input_dist_group=dedicated``).
 
     On several ranks every rank's batch of a step must have the same shape, full or partial alike (the trainer's
     loaders split each global batch evenly): a rank that replays while another trains eagerly would issue other
@@ -237,6 +252,7 @@ class GraphedTrainPipeline:
         device: torch.device,
         capture: bool = True,
         ids_all_to_all: Optional[bool] = None,
+        ids_ahead: Optional[bool] = None,
     ) -> None:
         self._model = model
         # the unwrapped module: DDP's reducer cannot be replayed (its logging syncs the host); the several-rank
@@ -264,7 +280,7 @@ class GraphedTrainPipeline:
                     "lr_decay, not maximize) only; use pipeline=sparse_dist"
                 )
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._next: Optional[Batch] = None
+        self._queue: Deque[Batch] = collections.deque()  # the next batches, copied to the device
         self._exhausted = False
         self._steps = 0
         self._held: Optional[HeldBatch] = None  # the training step's input buffers and held input dist
@@ -279,6 +295,13 @@ class GraphedTrainPipeline:
         self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
         world = dist.get_world_size() if dist.is_initialized() else 1
         self._ids_all_to_all = world > 1 if ids_all_to_all is None else ids_all_to_all
+        self._ahead = self._ids_all_to_all and (
+            has_dedicated_input_dist(self._sharded) if ids_ahead is None else ids_ahead
+        )
+        # the stream of the ids sent ahead; on CPU they are sent in line
+        self._ids_stream = torch.cuda.Stream(device) if self._ahead and device.type == "cuda" else None
+        self._received = False  # the held input dist holds the ids of the next batch, sent ahead by this step
+        self.ids_received_ahead = 0  # steps whose ids came from the step before (ids ahead)
         # evaluation (evaluate): the forward's input buffers, graph and outputs, and the batches seen
         self._eval_held: Optional[HeldBatch] = None
         self._eval_graph: Optional[torch.cuda.CUDAGraph] = None
@@ -322,15 +345,23 @@ class GraphedTrainPipeline:
             or not steady  # a warm-up or decay step: its rate is not one a graph can hold (module docstring)
         ):
             self.path_steps["eager"] += 1
+            self._received = False
             return self._eager_step(batch)
+        received, self._received = self._received, False
         first = self._held is None  # on the batch that becomes the input buffers
         if first:
             self._held = HeldBatch(self._sharded, batch, self._ids_all_to_all)
         else:
-            self._held.load(batch)
+            if received:  # its ids were sent during the previous step
+                self._held.load_dense(batch)
+                self.ids_received_ahead += 1
+            else:
+                self._held.load(batch)
             if self._steps % CHECK_EVERY == 0:
                 self.check_bag_sizes()
-        self._held.verify(self._sharded, "full batch", "after the warm-up")
+        sent = self._held.verify(self._sharded, "full batch", "after the warm-up")
+        if self._ahead:
+            self._prepare_ahead(received or sent)
         rehearsal = first or rates != self._held_rates
         if rehearsal:
             if self._held_rates is not None:
@@ -350,6 +381,19 @@ class GraphedTrainPipeline:
         assert self._graph is not None
         self._graph.replay()
         return tuple(t.clone() for t in self._out)
+
+    def _prepare_ahead(self, held_now: bool) -> None:
+        """Ids ahead: make the held input dist hold this batch's ids (sent in line unless ``held_now``), then load
+        the next batch's ids into the buffer the step sends, if it has this batch's shape (else the step sends
+        this batch's again, and the next step sends its own in line)."""
+        held = self._held
+        assert held is not None and held.static_dist is not None
+        if not held_now:
+            held.static_dist.run(held.batch.sparse_features.values())
+        nxt = self._queue[0] if self._queue else None
+        if nxt is not None and held.fits(nxt):
+            held.load_ids(nxt)
+            self._received = True
 
     def detach(self) -> torch.nn.Module:
         """The model, for evaluation (its forward is TorchRec's again outside the capture path)."""
@@ -474,15 +518,31 @@ class GraphedTrainPipeline:
         dense Adagrad: what the graph records."""
         held = self._held
         assert held is not None
-        if held.static_dist is not None:
-            held.static_dist.run(held.batch.sparse_features.values())
+        static, recv = held.static_dist, None
+        if static is not None and self._ahead:
+            recv = self._send_next_ids(static, held.batch.sparse_features.values())
+        elif static is not None:
+            static.run(held.batch.sparse_features.values())
         with held.forward_from_input_dist(self._sharded):
             loss, out = self._net(held.batch)
         loss.backward()
         if self._reduce is not None:
             self._reduce_dense_grads()
         self._dense_step()
+        if static is not None and recv is not None:
+            if self._ids_stream is not None:
+                torch.cuda.current_stream(self._device).wait_stream(self._ids_stream)
+            static.place(recv)  # after the lookups and the TBE backward have read this batch's ids
         return out
+
+    def _send_next_ids(self, static: StaticInputDist, values: torch.Tensor) -> torch.Tensor:
+        """Ids ahead: issue the all-to-all of ``values`` (the next batch's ids) on the ids stream, beside the
+        step's compute (in line on CPU); returns the receive buffer, which the step places after its backward."""
+        if self._ids_stream is None:
+            return static.send(values)
+        self._ids_stream.wait_stream(torch.cuda.current_stream(self._device))  # the loaded ids
+        with torch.cuda.stream(self._ids_stream):
+            return static.send(values)
 
     @torch.no_grad()
     def _reduce_dense_grads(self) -> None:
@@ -564,20 +624,24 @@ class GraphedTrainPipeline:
 
     # ------------------------------------------------------------------------------------------ batches
     def _take(self, it: Iterator[Batch]) -> Batch:
-        if self._next is None:
+        """The next batch on the device; the copies of the batches after it (one, two with ids ahead, whose step
+        reads the next batch's ids) are issued to run beside this step."""
+        if not self._queue:
             if self._exhausted:  # the last iterator ended; the next call starts on the iterator it is given
                 self._exhausted = False
                 raise StopIteration
-            self._next = self._to_device(next(it))
-        batch = self._next
+            self._queue.append(self._to_device(next(it)))
+        batch = self._queue.popleft()
         if self._copy_stream is not None:
             current = torch.cuda.current_stream(self._device)
             current.wait_stream(self._copy_stream)
-            batch.record_stream(current)
-        try:  # the next batch's host-to-device copy runs beside this step
-            self._next = self._to_device(next(it))
-        except StopIteration:
-            self._next, self._exhausted = None, True
+            for b in (batch, *self._queue):
+                b.record_stream(current)
+        while not self._exhausted and len(self._queue) < 1 + self._ahead:
+            try:
+                self._queue.append(self._to_device(next(it)))
+            except StopIteration:
+                self._exhausted = True
         return batch
 
     def _to_device(self, batch: Batch) -> Batch:

@@ -85,6 +85,12 @@ class HeldBatch:
     def load(self, batch: Batch) -> None:
         """Copy ``batch`` into the input buffers (ids into the held input dist's values, or into the buffers' KJT
         that the ids all-to-all sends); flag other bag sizes on the device, without a host sync."""
+        self.load_ids(batch)
+        self.load_dense(batch)
+
+    def load_ids(self, batch: Batch) -> None:
+        """The ids part of :meth:`load` (with the ids all-to-all: the KJT values it sends next), and the bag-size
+        flag."""
         kjt = batch.sparse_features
         self.bad |= (kjt.lengths() != self.batch.sparse_features.lengths()).any()
         src = kjt.values()
@@ -92,6 +98,9 @@ class HeldBatch:
             self.batch.sparse_features.values().copy_(src, non_blocking=True)
         for held, index in self.gathers:
             held.copy_(src if index is None else src.index_select(0, index), non_blocking=True)
+
+    def load_dense(self, batch: Batch) -> None:
+        """The rest of :meth:`load`: dense features and labels."""
         self.batch.dense_features.copy_(batch.dense_features, non_blocking=True)
         self.batch.labels.copy_(batch.labels, non_blocking=True)
 
@@ -104,12 +113,13 @@ class HeldBatch:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.static_dist.group)
         return bool(bad.item())
 
-    def verify(self, module: ShardedModule, what: str, when: str) -> None:
+    def verify(self, module: ShardedModule, what: str, when: str) -> bool:
         """On the first ``VERIFY_BATCHES`` batches with the ids all-to-all (else nothing): send the buffers' ids
         with the static all-to-all and compare the result with TorchRec's input dist of the same KJT, on every
-        rank; all ranks raise ConfigError together if one differs."""
+        rank; all ranks raise ConfigError together if one differs. Returns whether it sent them (the held input
+        dist then holds the buffers' ids)."""
         if self.static_dist is None or self.verify_left <= 0:
-            return
+            return False
         kjt = self.batch.sparse_features
         self.static_dist.run(kjt.values())
         same, why = self.static_dist.check(module, kjt)
@@ -122,6 +132,7 @@ class HeldBatch:
                 f"TorchRec's input dist on {what} {VERIFY_BATCHES - self.verify_left} {when} "
                 f"({why or 'on another rank'}); use pipeline=sparse_dist"
             )
+        return True
 
     @contextlib.contextmanager
     def forward_from_input_dist(self, module: ShardedModule) -> Iterator[None]:

@@ -157,12 +157,23 @@ class StaticInputDist:
         the ids this rank receives into the held input-dist output (:attr:`held`; row-split parts: the ids in
         this rank's rows less its first row with weight 1, the others row 0 with weight 0). The sizes are fixed:
         CUDA-graph safe."""
-        send = values if self._identity_send else values.index_select(0, self.send_index)
         if len(self.held) == 1 and self._identity_out and not self._rows:  # received straight into the held ids
+            send = values if self._identity_send else values.index_select(0, self.send_index)
             dist.all_to_all_single(self.held[0].values(), send, self.recv_splits, self.send_splits, group=self.group)
             return
+        self.place(self.send(values))
+
+    def send(self, values: torch.Tensor) -> torch.Tensor:
+        """The all-to-all of :meth:`run` alone: send the ids of ``values`` (as there) and return the ids this
+        rank receives (``[sum(recv_splits)]``, ``values``' dtype), for :meth:`place`. Leaves :attr:`held` as it
+        is, so a step can send the next batch's ids while it looks up the current batch's."""
+        send = values if self._identity_send else values.index_select(0, self.send_index)
         recv = torch.empty(sum(self.recv_splits), dtype=values.dtype, device=values.device)
         dist.all_to_all_single(recv, send, self.recv_splits, self.send_splits, group=self.group)
+        return recv
+
+    def place(self, recv: torch.Tensor) -> None:
+        """Write ids received by :meth:`send` into the held input-dist output (as :meth:`run` does)."""
         off = 0
         for i, (part, size) in enumerate(zip(self.held, self.sizes)):
             out = self._rows[i][0] if i in self._rows else part.values()

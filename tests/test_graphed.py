@@ -91,7 +91,8 @@ def _train(
         pipe.progress(it)
     state = {k: _plain(v) for k, v in built.model.state_dict().items()}
     opt = {k: {n: _plain(t) for n, t in st.items()} for k, st in built.optimizer.state_dict()["state"].items()}
-    return losses, state, opt, getattr(pipe, "path_steps", None)
+    paths = getattr(pipe, "path_steps", None)
+    return losses, state, opt, paths and {**paths, "ids_received_ahead": pipe.ids_received_ahead}
 
 
 def _plain(v: Any) -> Any:
@@ -112,7 +113,7 @@ def _compare(
 ) -> List[str]:
     """Train each ``(sharding, sparse_type)`` case (``sharding`` with spaces: the overrides of the plan and more)
     through ``pipeline=sparse_dist`` and the graphed pipeline; assert bit-for-bit equal losses, state and optimizer
-    state, and with ``paths`` the graphed pipeline's ``path_steps``."""
+    state, and with ``paths`` the graphed pipeline's ``path_steps`` (and ``ids_received_ahead`` where given)."""
     out = []
     for sharding, sparse_type in cases:
         extra = tuple(sharding.split()) if " " in sharding else ()
@@ -125,7 +126,7 @@ def _compare(
             ids_all_to_all,
         )
         assert got[0] == ref[0], (sharding, sparse_type, got[0], ref[0])
-        assert paths is None or got[3] == paths, (sharding, sparse_type, got[3])
+        assert paths is None or {k: got[3][k] for k in paths} == paths, (sharding, sparse_type, got[3])
         assert sorted(got[1]) == sorted(ref[1])
         diff = [k for k in ref[1] if not _same_state(got[1][k], ref[1][k])]
         assert not diff, (sharding, sparse_type, diff[:4])
@@ -197,8 +198,9 @@ def test_capture_path_on_two_ranks_trains_as_torchrec_pipeline_bit_for_bit() -> 
     """2 gloo ranks, each its own ids: the capture path run eagerly (ids all-to-all with fixed splits, dense
     all-reduce inside the step) against ``pipeline=sparse_dist`` over 15 full batches and a half one, under a
     learning-rate warm-up and decay (both ranks take the same path at every step); losses, every table shard,
-    dense parameters and optimizer state equal bit for bit. Then one rank's batch of other bag sizes makes both
-    ranks raise."""
+    dense parameters and optimizer state equal bit for bit. The input dist runs on its own group, so each step
+    sends the next batch's ids: 7 steps train on ids sent by the step before (the others follow an eager step, or
+    are the first after one). Then one rank's batch of other bag sizes makes both ranks raise."""
     results = run_gloo(2, _two_rank_checks)
     for msgs in results:
         assert len(msgs) == 2 and f"{STEPS_SCHEDULE} losses" in msgs[0] and msgs[1] == "ok", msgs
@@ -207,8 +209,10 @@ def test_capture_path_on_two_ranks_trains_as_torchrec_pipeline_bit_for_bit() -> 
 def _two_rank_checks(rank: int, world: int) -> List[str]:
     """The comparison, then a batch of other bag sizes on one rank only, which both ranks report."""
     # with the lean output dist and DDP's all-reduce held behind it, as perf=fast has them on several GPUs
-    case = " ".join(MIXED + ("perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true") + SCHEDULE)
-    return _compare(rank, world, "cpu", False, [(case, "adagrad")], STEPS_SCHEDULE, paths=SCHEDULE_PATHS) + [
+    held = ("perf.lean_output_dist=true", "perf.allreduce_after_output_dist=true")
+    case = " ".join(MIXED + held + ("pipeline.input_dist_group=dedicated",) + SCHEDULE)
+    paths = {**SCHEDULE_PATHS, "ids_received_ahead": 7}
+    return _compare(rank, world, "cpu", False, [(case, "adagrad")], STEPS_SCHEDULE, paths=paths) + [
         _bag_sizes(rank, world)
     ]
 
@@ -216,9 +220,13 @@ def _two_rank_checks(rank: int, world: int) -> List[str]:
 @pytest.mark.gpu
 def test_cuda_graph_with_ids_all_to_all_on_one_rank_trains_as_torchrec_pipeline_bit_for_bit() -> None:
     """The several-rank path forced on a one-rank NCCL world: the ids all-to-all, output dist and dense
-    all-reduce are NCCL collectives captured in the graph."""
+    all-reduce are NCCL collectives captured in the graph; with the input dist on its own group, the next
+    batch's ids all-to-all on a stream of its own inside the graph (8 steps on ids the step before sent)."""
     (msgs,) = run_gloo(1, _nccl_compare, [("table_wise", "adagrad"), ("table_wise", "rowwise_adagrad")])
     assert len(msgs) == 2, msgs
+    ahead = [("sharding=table_wise pipeline.input_dist_group=dedicated", "adagrad")]
+    (msgs,) = run_gloo(1, _nccl_compare, ahead, STEPS_RANKS, {"graph": 8, "ids_received_ahead": 8})
+    assert len(msgs) == 1, msgs
 
 
 @pytest.mark.gpu
