@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 import torch.distributed as dist
@@ -147,6 +147,25 @@ def output_lines(proc: subprocess.Popen, timeout: float) -> Iterator[str]:
         if line is None:
             return
         yield line
+
+
+# what a make run of the suite (`make test STACK=gpu`) hands down to a make the tests start: MAKEFLAGS carries its
+# command-line variables, and the Makefile's `?=` variables read the environment
+MAKE_ENV_DROP = (
+    "MAKEFLAGS",
+    "MFLAGS",
+    "MAKELEVEL",
+    "MAKEOVERRIDES",
+    "STACK",
+    "VENV",
+    "TORCH_PIP_ARGS",
+    "TORCH_INDEX_URL",
+)
+
+
+def make_env() -> Dict[str, str]:
+    """The environment for a ``make`` the tests run: this one, less what an enclosing make passes down."""
+    return {k: v for k, v in os.environ.items() if k not in MAKE_ENV_DROP}
 
 
 def python() -> str:

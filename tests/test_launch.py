@@ -18,7 +18,7 @@ from typing import Dict
 import pytest
 import yaml
 
-from conftest import REPO, output_lines
+from conftest import REPO, make_env, output_lines
 from dlrm import cli
 from dlrm.cli import _NAME_OK, job_name, run_dir_overrides
 from dlrm.errors import InputError
@@ -389,9 +389,13 @@ def test_component_accepts_one_process_per_gpu_or_a_cpu_job() -> None:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_clean_keeps_the_runs() -> None:
     """README's fix for a CUDA torch in the CPU venv is ``make clean``: it must not delete outputs/."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VENV", "MAKEFLAGS")}
     p = subprocess.run(
-        ["make", "--no-print-directory", "-n", "clean"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        ["make", "--no-print-directory", "-n", "clean"],
+        cwd=REPO,
+        env=make_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert p.returncode == 0 and p.stdout == "rm -rf .venv .pytest_cache\n", p.stdout + p.stderr
 

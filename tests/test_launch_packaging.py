@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import tomllib
 
-from conftest import REPO
+from conftest import REPO, make_env
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -56,6 +56,7 @@ def _make_steps(tmp_path: Path, *args: str) -> List[str]:
         capture_output=True,
         text=True,
         timeout=60,
+        env=make_env(),
     )
     assert p.returncode == 0, p.stdout + p.stderr
     return [line.split(" install -q ", 1)[1].strip() for line in p.stdout.splitlines() if " -m pip " in line]
@@ -98,22 +99,32 @@ def test_make_refuses_to_mix_stacks_in_one_venv(tmp_path: Path) -> None:
     venv.mkdir()
     (venv / ".installed").touch()  # what `make venv` (the CPU stack) leaves
     p = subprocess.run(
-        ["make", "-C", str(REPO), "venv", "STACK=gpu", f"VENV={venv}"], capture_output=True, text=True, timeout=60
+        ["make", "-C", str(REPO), "venv", "STACK=gpu", f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=make_env(),
     )
     assert p.returncode == 2
     assert f"error: {venv} holds the CPU stack, not STACK=gpu: run make clean first" in p.stderr
     assert not (venv / "bin").exists() and not (venv / ".installed-gpu").exists()
     (venv / ".installed").unlink()
     (venv / ".installed-gpu").touch()
-    p = subprocess.run(["make", "-C", str(REPO), "venv", f"VENV={venv}"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["make", "-C", str(REPO), "venv", f"VENV={venv}"], capture_output=True, text=True, timeout=60, env=make_env()
+    )
     assert p.returncode == 2 and f"error: {venv} holds the GPU stack, not STACK=cpu" in p.stderr
     assert not (venv / "bin").exists() and not (venv / ".installed").exists()
     (venv / ".installed-gpu").unlink()
     (venv / ".installed-cpu-1.9").touch()  # what `make venv STACK=cpu-1.9` leaves
-    p = subprocess.run(["make", "-C", str(REPO), "venv", f"VENV={venv}"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["make", "-C", str(REPO), "venv", f"VENV={venv}"], capture_output=True, text=True, timeout=60, env=make_env()
+    )
     assert p.returncode == 2 and f"error: {venv} holds the CPU 1.9 stack, not STACK=cpu" in p.stderr
     assert not (venv / "bin").exists() and not (venv / ".installed").exists()
-    p = subprocess.run(["make", "-C", str(REPO), "-n", "venv", "STACK=cuda"], capture_output=True, text=True)
+    p = subprocess.run(
+        ["make", "-C", str(REPO), "-n", "venv", "STACK=cuda"], capture_output=True, text=True, env=make_env()
+    )
     assert p.returncode == 2 and "STACK=cuda: use STACK=cpu (the default), STACK=gpu or STACK=cpu-1.9" in p.stderr
 
 
