@@ -14,10 +14,7 @@ bag has a fixed size, so every full batch has the same shapes, and the step can 
    as a gather index, checked once against the real input dist. A rehearsal step then trains on it along the
    path the graph will take: ``compute_and_output_dist`` on the held input dist (TBE forward), the dense forward
    and loss, the backward (the TBE backward with its fused optimizer), and the dense Adagrad step on the
-   optimizer's own state (so checkpoints and the learning rate stay the optimizer's): :func:`adagrad_one_pass`,
-   the arithmetic of ``torch.optim.Adagrad``'s step bit for bit. When the graph is captured it runs compiled by
-   torch.compile, one read and write of each parameter and its state where torch's foreach step makes four
-   passes (0.17 ms against 0.06 at 8192 on an H200); without a capture (``capture=False``) it runs eagerly.
+   optimizer's own state, in one pass and bit for bit ``torch.optim.Adagrad``'s (:mod:`dlrm.dense_step`).
 3. The next full batch is copied into the buffers and that path is captured (``torch.cuda.graph``), then every
    full batch is copied in (ids gathered into the held input dist, dense features, labels) and the graph
    replayed. Batches of another size (an epoch's last, partial batch) train eagerly as in step 1.
@@ -85,19 +82,17 @@ whose bag sizes differ from the captured ones stops the run with :class:`dlrm.mo
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
-from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.types import ShardedModule
 
-from dlrm import torchrec_compat as compat
 from dlrm.comms import has_dedicated_input_dist
 from dlrm.config import Config
+from dlrm.dense_step import DenseStep
 from dlrm.errors import ConfigError
 from dlrm.held_batch import HeldBatch
 from dlrm.model import BatchError
@@ -105,18 +100,9 @@ from dlrm.static_input_dist import NOT_SENT, StaticInputDist
 
 log = logging.getLogger(__name__)
 
-# Inductor lowers an fp32 `/` to Triton's approximate division (div.full.f32, within 2 ulp); PyTorch's CUDA kernels
-# divide with IEEE rounding. This option makes the compiled Adagrad divide as eager does (torch >= 2.10;
-# https://github.com/pytorch/pytorch/pull/165566).
-EAGER_DIVISION = {"eager_numerics.division_rounding": True}
-
 WARMUP_STEPS = 2  # eager steps before the rehearsal: the first compiles, the second runs warm
 CHECK_EVERY = 100  # steps between host reads of the bag-size flag
 EVAL_WARMUP_BATCHES = 1  # eager evaluation batches before the held one (the first compiles the eval forward)
-# DDP comm hooks that divide each bucket by the world size before a sum all-reduce (torch's default hook, and the
-# held all-reduce of perf.allreduce_after_output_dist, which issues it); without a hook DDP's reducer multiplies by
-# the reciprocal instead (the same for a world size that is a power of two)
-_DIVIDING_HOOKS = ("allreduce_hook", "AllReduceAfterOutputDist.hook")
 
 
 def check_graphed(
@@ -178,34 +164,6 @@ def use_capture_stream(device: torch.device) -> None:
     torch.cuda.set_stream(torch.cuda.Stream(device))
 
 
-def adagrad_one_pass(
-    params: List[torch.Tensor],
-    grads: List[torch.Tensor],
-    sums: List[torch.Tensor],
-    *,
-    lr: float,
-    eps: float,
-    weight_decay: float,
-) -> None:
-    """One Adagrad step in place, in the order of operations and roundings of ``torch.optim.Adagrad``'s foreach
-    step for ``lr_decay=0`` and ``maximize=False`` (``torch.optim.adagrad._multi_tensor_adagrad``):
-    ``g += weight_decay * p``; ``sum += g * g``; ``p += (g * -lr) / (sqrt(sum) + eps)``. Written per tensor
-    with public ops so that torch.compile fuses each parameter's update into one kernel. The step counters are
-    the caller's.
-
-    Args:
-        params, grads, sums: fp32 tensors, pairwise of one shape (parameters, their gradients, the optimizer's
-            ``sum`` state); ``params`` and ``sums`` are updated.
-        lr: learning rate; eps: added to the root (MLPerf Training rules: 1e-8); weight_decay: L2 factor.
-    """
-    for p, g, s in zip(params, grads, sums):
-        if weight_decay != 0:
-            g = g.add(p, alpha=weight_decay)
-        s.addcmul_(g, g, value=1)
-        std = s.sqrt().add_(eps)
-        p.addcdiv_(g.mul(-lr), std)
-
-
 class GraphedTrainPipeline:
     """A training pipeline with TorchRec's ``progress(iterator)`` interface that replays one CUDA graph per full
     batch (module docstring).
@@ -256,7 +214,7 @@ class GraphedTrainPipeline:
     ) -> None:
         self._model = model
         # the unwrapped module: DDP's reducer cannot be replayed (its logging syncs the host); the several-rank
-        # path all-reduces the dense gradients itself (_reduce_dense_grads)
+        # path all-reduces the dense gradients itself (DenseStep.reduce)
         self._net = model.module
         self._optimizer = optimizer
         self._dense = dense
@@ -269,16 +227,6 @@ class GraphedTrainPipeline:
                 f"model has {len(sharded)} sharded modules; use pipeline=sparse_dist"
             )
         self._sharded: ShardedModule = sharded[0]
-        for g in dense.param_groups:
-            if (
-                g.get("lr_decay", None) != 0
-                or g.get("maximize", False)
-                or any("sum" not in dense.state[p] for p in g["params"])
-            ):
-                raise ConfigError(
-                    "config key `pipeline.name`: pipeline=graphed steps the dense parameters with Adagrad (no "
-                    "lr_decay, not maximize) only; use pipeline=sparse_dist"
-                )
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._queue: Deque[Batch] = collections.deque()  # the next batches, copied to the device
         self._exhausted = False
@@ -291,10 +239,9 @@ class GraphedTrainPipeline:
         self._last_rates: Tuple[float, ...] = ()  # every param group's rate at the previous step
         self._held_rates: Optional[Tuple[float, ...]] = None  # the rates of the last rehearsal (and of the graph)
         self.path_steps: Dict[str, int] = {"eager": 0, "rehearsal": 0, "graph": 0}
-        self._compile = capture and device.type == "cuda"
-        self._compiled: Dict[Tuple[float, float, float], Callable[..., None]] = {}
         world = dist.get_world_size() if dist.is_initialized() else 1
         self._ids_all_to_all = world > 1 if ids_all_to_all is None else ids_all_to_all
+        self._dense_step = DenseStep(dense, model, capture and device.type == "cuda", reduce=self._ids_all_to_all)
         self._ahead = self._ids_all_to_all and (
             has_dedicated_input_dist(self._sharded) if ids_ahead is None else ids_ahead
         )
@@ -307,18 +254,6 @@ class GraphedTrainPipeline:
         self._eval_graph: Optional[torch.cuda.CUDAGraph] = None
         self._eval_out: Tuple[torch.Tensor, ...] = ()
         self._eval_batches = 0
-        self._reduce: Optional[Tuple[dist.ProcessGroup, int, bool]] = None  # (group, world, divide)
-        self._ready: Optional[Dict[int, int]] = None  # id of a dense parameter -> when its gradient was ready
-        if self._ids_all_to_all:
-            ddp = next((m for m in model.modules() if isinstance(m, DistributedDataParallel)), None)
-            group = ddp.process_group if ddp is not None else dist.group.WORLD
-            hook = compat.ddp_comm_hook_name(ddp) if ddp is not None else None
-            if hook and not hook.endswith(_DIVIDING_HOOKS):
-                raise ConfigError(
-                    f"config key `perf.allreduce_dtype`: pipeline=graphed all-reduces the dense gradients in fp32, "
-                    f"but DDP has the comm hook {hook}; use perf.allreduce_dtype=fp32 or pipeline=sparse_dist"
-                )
-            self._reduce = (group, dist.get_world_size(group), bool(hook))
 
     # ------------------------------------------------------------------------------------------ interface
     def progress(self, it: Iterator[Batch]) -> Tuple[torch.Tensor, ...]:
@@ -377,7 +312,7 @@ class GraphedTrainPipeline:
         if self._graph is None:
             self._record()  # capturing runs the step counters' host increment once, for this batch
         else:
-            self._advance_steps(self._stepped)  # a replay does not run the host increment
+            self._dense_step.advance_steps(self._stepped)  # a replay does not run the host increment
         assert self._graph is not None
         self._graph.replay()
         return tuple(t.clone() for t in self._out)
@@ -486,32 +421,10 @@ class GraphedTrainPipeline:
     def _eager_step(self, batch: Batch) -> Tuple[torch.Tensor, ...]:
         self._optimizer.zero_grad()
         loss, out = self._model(batch)
-        if self._reduce is not None and self._ready is None:
-            with self._record_ready_order():
-                loss.backward()
-        else:
+        with self._dense_step.record_ready_order():
             loss.backward()
         self._optimizer.step()
         return out
-
-    @contextlib.contextmanager
-    def _record_ready_order(self) -> Iterator[None]:
-        """Record in :attr:`_ready` the order in which the dense gradients become ready in the backward inside
-        the block: after its first backward DDP rebuilds its buckets in that order, and the graph's flat
-        all-reduce buffer takes it too (:meth:`_reduce_dense_grads`)."""
-        ready: Dict[int, int] = {}
-
-        def note(p: torch.Tensor) -> None:
-            ready.setdefault(id(p), len(ready))
-
-        ps = [p for g in self._dense.param_groups for p in g["params"] if p.requires_grad]
-        handles = [p.register_post_accumulate_grad_hook(note) for p in ps]
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-        self._ready = ready
 
     def _graph_step(self) -> Tuple[torch.Tensor, ...]:
         """(The ids all-to-all,) forward from the held input dist, backward, (the dense gradients' all-reduce,)
@@ -526,9 +439,8 @@ class GraphedTrainPipeline:
         with held.forward_from_input_dist(self._sharded):
             loss, out = self._net(held.batch)
         loss.backward()
-        if self._reduce is not None:
-            self._reduce_dense_grads()
-        self._dense_step()
+        self._dense_step.reduce()
+        self._dense_step.step()
         if static is not None and recv is not None:
             if self._ids_stream is not None:
                 torch.cuda.current_stream(self._device).wait_stream(self._ids_stream)
@@ -543,66 +455,6 @@ class GraphedTrainPipeline:
         self._ids_stream.wait_stream(torch.cuda.current_stream(self._device))  # the loaded ids
         with torch.cuda.stream(self._ids_stream):
             return static.send(values)
-
-    @torch.no_grad()
-    def _reduce_dense_grads(self) -> None:
-        """What DDP does to the dense gradients, on one flat buffer per dtype: scale by the world size (divide
-        with a dividing comm hook, else multiply by the reciprocal, as DDP's reducer does), sum all-reduce; the
-        gradients become views of the reduced buffer. The buffer holds the gradients in the order they became
-        ready in the first eager backward, the order of DDP's rebuilt bucket: an all-reduce over more than 2 ranks
-        sums each element in an order set by its offset in the buffer (gloo's ring reduces chunk by chunk), so
-        only that layout sums as DDP's one bucket does, bit for bit."""
-        assert self._reduce is not None
-        group, world, divide = self._reduce
-        ps = [p for g in self._dense.param_groups for p in g["params"] if p.grad is not None]
-        ready = self._ready or {}
-        ps = sorted(ps, key=lambda p: ready.get(id(p), len(ready)))  # stable: any not recorded last, in order
-        for dtype in dict.fromkeys(p.grad.dtype for p in ps):
-            same = [p for p in ps if p.grad.dtype == dtype]
-            flat = torch.empty(sum(p.numel() for p in same), dtype=dtype, device=same[0].grad.device)
-            views = [v.view_as(p) for p, v in zip(same, flat.split([p.numel() for p in same]))]
-            for p, v in zip(same, views):  # scaled on the way into the buffer: one pass, as DDP's reducer
-                if world == 1:
-                    v.copy_(p.grad)
-                elif divide:
-                    torch.div(p.grad, world, out=v)
-                else:
-                    torch.mul(p.grad, 1.0 / world, out=v)
-            dist.all_reduce(flat, group=group)
-            for p, v in zip(same, views):
-                p.grad = v
-
-    @torch.no_grad()
-    def _dense_step(self) -> None:
-        opt = self._dense
-        for g in opt.param_groups:
-            ps = [p for p in g["params"] if p.grad is not None]
-            self._advance_steps(ps)
-            self._compiled_step(g["lr"], g["eps"], g["weight_decay"])(
-                ps, [p.grad for p in ps], [opt.state[p]["sum"] for p in ps]
-            )
-
-    def _advance_steps(self, params: List[torch.Tensor]) -> None:
-        """Add 1 to the dense optimizer's ``step`` of each of ``params``, as torch's step does before it computes
-        the rate (with lr_decay 0 the rate is lr, so only checkpoints read the counters)."""
-        state = self._dense.state
-        for p in params:
-            state[p]["step"] += 1
-
-    def _compiled_step(self, lr: float, eps: float, weight_decay: float) -> Callable[..., None]:
-        """:func:`adagrad_one_pass` with these scalars, compiled when a graph is captured with the scalars as
-        constants (a float argument would be traced as a symbol, an input the arithmetic reads at another
-        precision)."""
-        key = (lr, eps, weight_decay)
-        if key not in self._compiled:
-
-            def step(params: List[torch.Tensor], grads: List[torch.Tensor], sums: List[torch.Tensor]) -> None:
-                adagrad_one_pass(params, grads, sums, lr=lr, eps=eps, weight_decay=weight_decay)
-
-            self._compiled[key] = (
-                torch.compile(step, fullgraph=True, dynamic=False, options=EAGER_DIVISION) if self._compile else step
-            )
-        return self._compiled[key]
 
     def _drop_graph(self) -> None:
         """Release the captured step (its rates are no longer the optimizer's), its outputs and gradient buffers."""

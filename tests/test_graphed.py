@@ -418,7 +418,7 @@ def test_a_plan_with_grid_shard_tables_is_refused_on_several_ranks() -> None:
 def test_one_pass_adagrad_equals_torch_adagrad_bit_for_bit(device: str, weight_decay: float) -> None:
     """The dense step a graph records: on CPU the function itself, on CUDA compiled as the pipeline compiles it,
     against ``torch.optim.Adagrad`` (foreach) over 3 steps, on the MLPerf DCN's and over arch's shapes."""
-    from dlrm.graphed import EAGER_DIVISION, adagrad_one_pass
+    from dlrm.dense_step import EAGER_DIVISION, adagrad_one_pass
 
     gen = torch.Generator().manual_seed(0)
     shapes = [(512, 3456), (3456, 512), (3456,), (1024, 3456), (1024,), (1, 256)]
