@@ -54,6 +54,11 @@ class HeldBatch:
         if ids_all_to_all:  # the step sends the ids itself (verified on the first batches: verify)
             self.static_dist = StaticInputDist(module, held_kjt, self.dist)
             self.dist = self.static_dist.held  # row_wise parts: whole bags, weighted (StaticInputDist)
+            if any(_same_storage(part.values(), values) for part in self.dist):
+                # on one rank TorchRec's input dist hands back the KJT's own ids: the ids sent get a buffer of
+                # their own, so that the next batch's ids loaded ahead (load_ids) leave this step's lookups as
+                # they are
+                self.batch.sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=values.clone(), lengths=lengths)
             return
         starts = dict(zip(kjt.keys(), held_kjt.offset_per_key()))
         counts = dict(zip(kjt.keys(), held_kjt.length_per_key()))
@@ -143,3 +148,7 @@ class HeldBatch:
             yield
         finally:
             del module.forward
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

@@ -39,6 +39,9 @@ STEPS_SCHEDULE = 16
 # 1-based steps: eager 1-2 (warm-up), 3 (rate rising), 10-12 (decaying), 16 (partial batch); rehearsal 4 (the base
 # rate held), 13 (the floor held); graph 5-9 (step 9 the decay's first, at the base rate) and 14-15
 SCHEDULE_PATHS = {"eager": 7, "rehearsal": 2, "graph": 7}
+# the ids all-to-all on a group of its own: each step sends the next batch's ids (ids ahead)
+DEDICATED = "sharding=table_wise pipeline.input_dist_group=dedicated"
+AHEAD_PATHS = {"graph": 8, "ids_received_ahead": 8}  # STEPS_RANKS steps on one rank
 
 
 def _cfg(sharding: str, sparse_type: str, pipeline: str, device: str, extra: Tuple[str, ...] = ()) -> Any:
@@ -153,6 +156,7 @@ def _cpu_checks(rank: int, world: int) -> List[str]:
     return (
         _compare(rank, world, "cpu", False, [("table_wise", "adagrad"), ("row_wise", "rowwise_adagrad")])
         + _compare(rank, world, "cpu", False, [(schedule, "adagrad")], STEPS_SCHEDULE, paths=SCHEDULE_PATHS)
+        + _compare(rank, world, "cpu", False, [(DEDICATED, "adagrad")], STEPS_RANKS, True, AHEAD_PATHS)
         + [_bag_sizes(rank, world)]
     )
 
@@ -161,9 +165,12 @@ def test_capture_path_trains_as_torchrec_pipeline_bit_for_bit_and_checks_bag_siz
     """One process for all: the comparison of two plans and optimizers; with a learning-rate warm-up and decay
     over 16 steps (the rising and decaying steps eager, the base rate and the decay's floor each held and run
     along the capture path); and a batch of other bag sizes (as many ids, two bags of the first table swapping
-    sizes) that the pipeline reports instead of replaying it."""
+    sizes) that the pipeline reports instead of replaying it. And the ids all-to-all forced on one rank with the
+    next batch's ids sent ahead on a group of their own, where TorchRec's input dist hands back the KJT's own ids
+    (the ids loaded ahead must not overwrite those the step looks up)."""
     (msgs,) = run_gloo(1, _cpu_checks)
-    assert len(msgs) == 4 and msgs[-1] == "ok" and f"{STEPS_SCHEDULE} losses" in msgs[2], msgs
+    assert len(msgs) == 5 and msgs[-1] == "ok" and f"{STEPS_SCHEDULE} losses" in msgs[2], msgs
+    assert f"{STEPS_RANKS} losses" in msgs[3], msgs
 
 
 @pytest.mark.gpu
@@ -224,8 +231,7 @@ def test_cuda_graph_with_ids_all_to_all_on_one_rank_trains_as_torchrec_pipeline_
     batch's ids all-to-all on a stream of its own inside the graph (8 steps on ids the step before sent)."""
     (msgs,) = run_gloo(1, _nccl_compare, [("table_wise", "adagrad"), ("table_wise", "rowwise_adagrad")])
     assert len(msgs) == 2, msgs
-    ahead = [("sharding=table_wise pipeline.input_dist_group=dedicated", "adagrad")]
-    (msgs,) = run_gloo(1, _nccl_compare, ahead, STEPS_RANKS, {"graph": 8, "ids_received_ahead": 8})
+    (msgs,) = run_gloo(1, _nccl_compare, [(DEDICATED, "adagrad")], STEPS_RANKS, AHEAD_PATHS)
     assert len(msgs) == 1, msgs
 
 
