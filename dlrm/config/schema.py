@@ -172,8 +172,8 @@ class PipelineConfig:
     group over the same ranks (its own NCCL communicator and stream), so the next batch's ids do not queue behind
     this step's output dist, backward all-to-all and all-reduce (``dlrm/comms.py``). With ``pipeline=graphed`` on
     several ranks each captured step sends the next batch's ids on a stream of their own, beside its compute. For
-    several hosts: slower on one NVLink host with the eager pipelines, 1-2% slower forced on one GPU with the graph
-    (docs/performance.md, "Rejected levers")."""
+    several hosts: slower on one NVLink host with the eager pipelines, up to 1.6% slower forced on one GPU with the
+    graph (docs/performance.md, "Rejected levers")."""
     semi_sync_start_batch: int = 0
     """``semi_sync``: the batches before this one train synchronously (TorchRec's ``start_batch``; its default
     is 900)."""
