@@ -24,6 +24,7 @@ import os
 import pickle
 import re
 import sys
+import warnings
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
@@ -74,7 +75,10 @@ def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
         if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)
     }
     try:
-        dcp.load(sd, checkpoint_id=path, no_dist=True)
+        with warnings.catch_warnings():
+            # no_dist=True asks for this one-process load, and DCP still warns that it assumes one process
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
+            dcp.load(sd, checkpoint_id=path, no_dist=True)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a truncated .distcp that no manifest covers
         raise unreadable_data(path, e, "restore the file, or export another checkpoint") from e
     return {k[len(prefix) :]: v for k, v in sd.items()}
