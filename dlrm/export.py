@@ -24,23 +24,20 @@ import os
 import pickle
 import re
 import sys
-import warnings
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
-from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint import (
     CheckpointError,
     latest_checkpoint,
+    load_dcp,
     model_mismatch,
     read_checkpoint_meta,
     read_dcp_metadata,
     resolve_checkpoint,
-    unreadable_data,
     verify_checkpoint,
 )
 from dlrm.config import ModelConfig
@@ -74,13 +71,7 @@ def full_state_dict(path: str, prefix: str = "") -> Dict[str, torch.Tensor]:
         for k, md in meta.items()
         if k.startswith(prefix) and isinstance(md, TensorStorageMetadata)
     }
-    try:
-        with warnings.catch_warnings():
-            # no_dist=True asks for this one-process load, and DCP still warns that it assumes one process
-            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
-            dcp.load(sd, checkpoint_id=path, no_dist=True)
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a truncated .distcp that no manifest covers
-        raise unreadable_data(path, e, "restore the file, or export another checkpoint") from e
+    load_dcp(sd, path, "restore the file, or export another checkpoint", no_dist=True)
     return {k[len(prefix) :]: v for k, v in sd.items()}
 
 

@@ -83,7 +83,7 @@ from dlrm.checkpoint.layout import (
 )
 from dlrm.checkpoint.manifest import BLOCK, file_entry, verify_checkpoint, write_manifest
 from dlrm.checkpoint.plan_reuse import planning_inputs, saved_plan
-from dlrm.checkpoint.reader import CheckpointError, read_checkpoint_meta, read_dcp_metadata, unreadable_data
+from dlrm.checkpoint.reader import CheckpointError, load_dcp, read_checkpoint_meta, read_dcp_metadata
 from dlrm.checkpoint.resume_checks import check_resume, config_key_behind, model_mismatch
 from dlrm.checkpoint.rng import rng_state, set_rng_state
 from dlrm.checkpoint.run_state import RunFacts, TrainState
@@ -111,6 +111,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_app_state",
+    "load_dcp",
     "model_mismatch",
     "optimizer_state",
     "planning_inputs",
@@ -121,7 +122,6 @@ __all__ = [
     "saved_plan",
     "set_rng_state",
     "step_dir",
-    "unreadable_data",
     "verify_checkpoint",
     "write_manifest",
 ]

@@ -1,11 +1,15 @@
-"""Reading a checkpoint: its ``meta.json``, DCP's ``.metadata``, and the error for a checkpoint that cannot be used."""
+"""Reading a checkpoint: its ``meta.json``, DCP's ``.metadata`` and data, and the error for a checkpoint that cannot be
+used."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+import warnings
+from typing import Any, Dict, Optional
 
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 
 from dlrm.checkpoint.layout import META
@@ -52,3 +56,22 @@ def unreadable_data(path: str, e: BaseException, fix: str) -> CheckpointError:
         e = next(iter(e.failures.values()))[0]
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return CheckpointError(f"checkpoint {path}: its data cannot be read ({type(e).__name__}: {text}); {fix}")
+
+
+def load_dcp(
+    state: Dict[str, Any], path: str, fix: str, process_group: Optional[dist.ProcessGroup] = None, no_dist: bool = False
+) -> None:
+    """``dcp.load`` of checkpoint ``path`` into ``state`` (in place; ``process_group`` and ``no_dist`` as DCP's).
+
+    Raises:
+        CheckpointError: the data cannot be read (e.g. a ``.distcp`` damaged after verification, or one no
+            manifest covers); names the checkpoint, the first cause and ``fix`` (:func:`unreadable_data`).
+    """
+    try:
+        with warnings.catch_warnings():
+            # one process without a process group loads the whole checkpoint, as meant (export, predict); DCP
+            # warns on every such load that it assumes so
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
+            dcp.load(state, checkpoint_id=path, process_group=process_group, no_dist=no_dist)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP fails in many ways; name the checkpoint
+        raise unreadable_data(path, e, fix) from e

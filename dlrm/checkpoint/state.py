@@ -7,18 +7,15 @@ import contextlib
 import dataclasses
 import math
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from dlrm.checkpoint.layout import META
-from dlrm.checkpoint.reader import CheckpointError, read_checkpoint_meta, read_dcp_metadata, unreadable_data
+from dlrm.checkpoint.reader import CheckpointError, load_dcp, read_checkpoint_meta, read_dcp_metadata
 from dlrm.checkpoint.resume_checks import model_mismatch
 from dlrm.checkpoint.state_names import TABLE_MARKER, dp_table_steps, earlier_names, flatten_state, optimizer_state
 
@@ -85,13 +82,7 @@ def load_app_state(
     report = LoadReport(path)
     ranks = _agree_on_optimizer(path, shape, match, report, process_group)
     state = {"model": target["model"], "optim": match.optim}
-    try:
-        with warnings.catch_warnings():
-            # without a process group one process loads the whole checkpoint, as meant; DCP warns that it assumes so
-            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
-            dcp.load(state, checkpoint_id=path, process_group=process_group)
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. a .distcp damaged after verification
-        raise unreadable_data(path, e, "give another checkpoint.resume (auto takes the newest intact one)") from e
+    load_dcp(state, path, "give another checkpoint.resume (auto takes the newest intact one)", process_group)
     _fill_reshaped(match.reshaped)
     steps, mlp_step = dp_table_steps(target["model"], optimizer)
     if mlp_step is not None:
