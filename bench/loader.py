@@ -33,8 +33,9 @@ from dlrm.data.source import TrainRequest
 from dlrm.model import FEATURE_NAMES
 
 
-def generate(root: str, rows: int, row_cap: int, ids_dist: str = "uniform") -> None:
-    """Write the dataset under ``root`` unless one of these rows, tables and ``ids_dist`` is there: 1-hot ids
+def generate(root: str, rows: int, row_cap: int, ids_dist: str = "uniform", eval_day_rows: int = 65536) -> None:
+    """Write the dataset under ``root`` unless one of these rows, tables and ``ids_dist`` is there: ``rows``
+    training rows in two days and an evaluation day of ``eval_day_rows`` (its first half validates); 1-hot ids
     uniform over each table's rows, or skewed (``bench.ids``: ``criteo``, ``criteo_kaggle``; recorded in
     ``ids.txt``; a dataset without it has uniform ids)."""
     table_rows = ModelConfig(row_cap=row_cap).table_rows  # the MLPerf tables
@@ -45,6 +46,7 @@ def generate(root: str, rows: int, row_cap: int, ids_dist: str = "uniform") -> N
         made = open(dist_path).read().strip() if os.path.isfile(dist_path) else "uniform"
         if (
             sum(d["rows"] for d in meta["days"][:-1]) == rows
+            and meta["days"][-1]["rows"] == eval_day_rows
             and meta["table_rows"] == table_rows
             and (meta.get("multi_hot") or {}).get("materialized")
             and made == ids_dist
@@ -57,7 +59,7 @@ def generate(root: str, rows: int, row_cap: int, ids_dist: str = "uniform") -> N
     sampler = None if ids_dist == "uniform" else bench_ids.PowerLawIds(table_rows, bench_ids.exponents(ids_dist, 26))
     g_ids = torch.Generator().manual_seed(0)
     days = []
-    for n in (rows // 2, rows - rows // 2, 65536):
+    for n in (rows // 2, rows - rows // 2, eval_day_rows):
         dense = np.log1p(g.exponential(20.0, (n, 13))).astype(np.float32)
         ids = np.empty((n, 26), dtype=np.int32)
         for t, r in enumerate(table_rows):
@@ -115,8 +117,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--modes", default="one_hot,materialized,on_the_fly")
+    ap.add_argument(
+        "--eval-day-rows", type=int, default=65536, help="rows of the evaluation day (its first half validates)"
+    )
     args = ap.parse_args()
-    generate(args.dir, args.rows, args.row_cap)
+    generate(args.dir, args.rows, args.row_cap, eval_day_rows=args.eval_day_rows)
     print(
         f"host {platform.node()} {os.cpu_count()} cpus, numpy {np.__version__}; {args.rows:,} train rows, batch "
         f"{args.batch}",

@@ -8,8 +8,8 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -33,6 +33,8 @@ class Scorer:
         batch_size: evaluation samples per rank per batch.
         multi_hot: the multi-hot expansion of the ids, or None.
         auc_method: ``exact`` or ``histogram`` (:class:`dlrm.metrics.EvalAccumulator`).
+        cache: hold the batches of a split scored with ``cache=True`` on the device after their first pass
+            (``eval.cache_on_device``): later passes replay them, reading and building nothing on the host.
     """
 
     model: Any
@@ -41,6 +43,8 @@ class Scorer:
     batch_size: int
     multi_hot: Any
     auc_method: str
+    cache: bool = False
+    _held: Optional[Tuple[Any, List[Tuple[Any, torch.Tensor]]]] = field(default=None, init=False, repr=False)
 
     def _batches(self, split: data_mod.Split) -> Iterable[Any]:
         """This rank's evaluation batches of ``split`` with their weights (:func:`dlrm.data.eval_batches`)."""
@@ -54,20 +58,43 @@ class Scorer:
             multi_hot=self.multi_hot,
         )
 
+    def _cached_batches(self, split: data_mod.Split) -> Iterable[Any]:
+        """``split``'s batches from the device cache (``eval.cache_on_device``), or read once and kept there: the
+        cache is set only once a pass is complete, so a pass that stops early keeps nothing."""
+        if self._held is not None and self._held[0] is split:
+            return self._held[1]
+        self._held = None  # one split held at a time: the validation split
+        return self._fill(split)
+
+    def _fill(self, split: data_mod.Split) -> Iterator[Tuple[Any, torch.Tensor]]:
+        device = self.info.device
+        pairs: List[Tuple[Any, torch.Tensor]] = []
+        for batch, weight in self._batches(split):
+            pair = (batch.to(device, non_blocking=True), _weight_to(weight, device))
+            pairs.append(pair)
+            yield pair
+        self._held = (split, pairs)
+        log.info(
+            "evaluation: %d batches (%.2f GiB) of this split held on %s for the later passes (eval.cache_on_device)",
+            len(pairs),
+            _nbytes(pairs) / 2**30,
+            device,
+        )
+
     def _eval_model(self) -> Any:
         """The model to run evaluation batches through: the pipeline hands it back (its pipelined forwards
         detached) where it can."""
         return self.pipeline.detach() if hasattr(self.pipeline, "detach") else self.model
 
     @torch.no_grad()
-    def score(self, split: data_mod.Split) -> Dict[str, Any]:
+    def score(self, split: data_mod.Split, cache: bool = False) -> Dict[str, Any]:
         """Score ``split`` on all ranks (collective); returns :meth:`dlrm.metrics.EvalAccumulator.compute`'s
-        metrics."""
+        metrics. ``cache`` (with :attr:`cache`): replay ``split``'s batches from the device after its first pass."""
         device = self.info.device
         model = self._eval_model()
         model.eval()
         acc = EvalAccumulator(device, self.auc_method)
-        batches = self._batches(split)
+        batches = self._cached_batches(split) if cache and self.cache else self._batches(split)
         if hasattr(self.pipeline, "evaluate"):  # pipeline=graphed: replays a captured forward
             outputs = self.pipeline.evaluate(batches)
         else:
@@ -103,6 +130,17 @@ class Scorer:
             self.batch_size,
             time.perf_counter() - t0,
         )
+
+
+def _nbytes(pairs: List[Tuple[Any, torch.Tensor]]) -> int:
+    """Device bytes of ``(batch, weight)`` pairs: dense features, labels, KJT values, lengths and offsets, weights;
+    a tensor that several batches share (a loader's constant lengths) counted once."""
+    seen: Dict[int, int] = {}
+    for batch, weight in pairs:
+        kjt = batch.sparse_features
+        for t in (batch.dense_features, batch.labels, kjt.values(), kjt.lengths(), kjt.offsets(), weight):
+            seen[t.data_ptr()] = t.nbytes
+    return sum(seen.values())
 
 
 def _weight_to(weight: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -170,7 +170,9 @@ class Trainer:
         self._open_metrics(resolved)
         self._resume(resume_from)
         self._write_run_files(resolved)
-        self.scorer = Scorer(self.model, self.pipeline, info, b.eval_batch_size, d.multi_hot, n.auc_method)
+        self.scorer = Scorer(
+            self.model, self.pipeline, info, b.eval_batch_size, d.multi_hot, n.auc_method, cfg.eval.cache_on_device
+        )
         if cfg.perf.compile and (self.eval_every or cfg.eval.at_end or self.test_split is not None):
             self.scorer.compile_step(self.val_split)
 
@@ -487,7 +489,7 @@ class Trainer:
         t0 = time.perf_counter()
         if kind == "val":
             self.mlperf.eval_start(self.step / self.steps_per_epoch, self.samples_seen)
-        res = self.scorer.score(split if split is not None else self.val_split)
+        res = self.scorer.score(split if split is not None else self.val_split, cache=kind == "val")
         rec = eval_record(kind, res, self.step, self.samples_seen, time.perf_counter() - t0)
         self.metrics.log(rec, eval_line(kind, res, self.step, self.total_steps, rec["eval_s"]), kind=kind)
         if kind == "val":

@@ -465,13 +465,13 @@ def test_config_keys() -> None:
         to_config(compose(["data=criteo_binary", "data.dataset_dir=/x", "data.shuffle=true"]))
 
 
-def _train_both(rank: int, world: int, tmp: str, common: List[str]) -> List[dict]:
+def _train_both(rank: int, world: int, tmp: str, common: List[str]) -> List[List[dict]]:
     from dlrm.trainer import Trainer
 
     out = []
     for name, extra in (
         ("tsv", [f"data.train_path={tmp}/train.tsv", f"data.val_path={tmp}/val.tsv", f"data.test_path={tmp}/test.tsv"]),
-        ("bin", [f"data.dataset_dir={tmp}/bin"]),
+        ("bin", [f"data.dataset_dir={tmp}/bin", "eval.cache_on_device=true"]),
     ):
         data = "criteo_tsv" if name == "tsv" else "criteo_binary"
         t = Trainer(compose([f"data={data}", *common, *extra]), f"{tmp}/run_{name}")
@@ -480,20 +480,19 @@ def _train_both(rank: int, world: int, tmp: str, common: List[str]) -> List[dict
         finally:
             t.close()
         out.append(
-            {
-                k: v
+            [
+                {k: v for k, v in r.items() if k == "step" or k.endswith("auc") or k.endswith("logloss")}
                 for r in t.history
                 if "loss" not in r
-                for k, v in r.items()
-                if k.endswith("auc") or k.endswith("logloss")
-            }
+            ]
         )
     return out
 
 
 def test_trainer_on_binary_equals_trainer_on_tsv(tmp_path: Path) -> None:
     """The same rows through data=criteo_tsv and data=criteo_binary (log1p transform, MLPerf multi-hot on the
-    fly) train to bitwise the same validation and test metrics."""
+    fly) train to bitwise the same validation and test metrics; the binary run holds its validation batches
+    (eval.cache_on_device): its second to fourth validations replay them."""
     from test_binary_preprocess import gen_tsv
 
     days = []
@@ -518,13 +517,18 @@ def test_trainer_on_binary_equals_trainer_on_tsv(tmp_path: Path) -> None:
         "eval.batch_size=50",
         "trainer.epochs=1",
         "data.multi_hot=true",
-        "eval.per_epoch=2",
+        "eval.per_epoch=3",
         "eval.every_n_steps=null",
     ]
     res = run_gloo(1, _train_both, str(tmp_path), common)
     tsv, binary = res[0]
-    assert tsv and set(tsv) == set(binary) and "val_auc" in tsv and "test_auc" in tsv
+    assert [sorted(r) for r in tsv] == [["step", "val_auc", "val_logloss"]] * 4 + [["step", "test_auc", "test_logloss"]]
+    assert [r["step"] for r in tsv] == [6, 12, 18, 19, 19]
     assert tsv == binary
+    held = [line for line in (tmp_path / "run_bin" / "train.log").read_text().splitlines() if "held on" in line]
+    assert len(held) == 1 and held[0].endswith(
+        "evaluation: 4 batches (0.00 GiB) of this split held on cpu for the later passes (eval.cache_on_device)"
+    )
 
 
 def test_binary_format_error_is_an_input_error() -> None:
